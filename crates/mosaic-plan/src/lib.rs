@@ -1,0 +1,1 @@
+//! Planner (in progress).

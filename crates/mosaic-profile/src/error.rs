@@ -1,0 +1,58 @@
+//! The one error type of this crate: what is wrong, in which file, at which field.
+
+use std::path::PathBuf;
+
+/// A profile file that cannot be read or does not describe a valid model.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file could not be read at all.
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed, a field is missing or has the wrong type.
+    #[error("{file}: field `{field}`: {message}")]
+    Syntax {
+        /// The file.
+        file: PathBuf,
+        /// Path of the offending field, e.g. `modules[2].samples[0].time_ms`.
+        field: String,
+        /// What the parser expected.
+        message: String,
+    },
+    /// The JSON is well-formed but its content is invalid (cycle, unknown name, bad range...).
+    #[error("{file}: field `{field}`: {message}")]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// Path of the offending field.
+        field: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+}
+
+impl ProfileError {
+    pub(crate) fn invalid(
+        file: impl Into<PathBuf>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        ProfileError::Invalid {
+            file: file.into(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The field the error is about, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ProfileError::Io { .. } => None,
+            ProfileError::Syntax { field, .. } | ProfileError::Invalid { field, .. } => Some(field),
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Profiles of a multimodal model's modules and the performance model built on them.
+//!
+//! A [`ProfileFile`] is the `mosaic-profiles/1` JSON a profiler writes (the engine, or the
+//! analytical device model of `mosaic-zoo`): per module its DAG edges and, per sampled
+//! data-parallel degree `dp` and SM quota `sm`, the measured iteration time, memory and
+//! bandwidth utilisation. [`load`] reads and validates one; [`PerfModel`] turns it into the
+//! scaling surface `f_m(d, a)` and the interference rectification of Mosaic §3.3.
+//!
+//! ```
+//! let text = r#"{"format": "mosaic-profiles/1",
+//!   "device": {"name": "H100-SXM5-80GB", "sm_count": 132, "memory_gib": 80.0},
+//!   "modules": [{"name": "vision", "after": [], "samples": [
+//!       {"dp": 1, "sm": 0.5, "time_ms": 100.0, "mem_gib": 10.0, "sm_util": 0.9, "bw_util": 0.2},
+//!       {"dp": 1, "sm": 1.0, "time_ms": 60.0, "mem_gib": 10.0, "sm_util": 0.8, "bw_util": 0.3}]}],
+//!   "interference": {"e1": 0.0, "e2": 0.0, "e3": 0.0}}"#;
+//! let file = mosaic_profile::parse(text, "inline.json").unwrap();
+//! let model = mosaic_profile::PerfModel::new(&file, 0.1, "inline.json").unwrap();
+//! let vision = &model.modules[0];
+//! // Interpolated linearly in the quota between the profiled 0.5 and 1.0.
+//! let option = vision.options.iter().find(|o| o.dp == 1 && o.units == 7).unwrap();
+//! assert!((option.time_ms - 84.0).abs() < 1e-9);
+//! ```
+
+mod error;
+mod format;
+mod model;
+mod validate;
+
+pub use error::ProfileError;
+pub use format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+pub use model::{ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_MODULES};
+pub use validate::{load, parse};

@@ -1,0 +1,325 @@
+//! The performance model of Mosaic §3.3: the scaling surface f_m(d, a) interpolated from the
+//! sparse profiling grid, and the interference rectification of Eq. 8.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::ProfileError;
+use crate::format::{Device, Interference, ProfileFile};
+
+/// Most modules a model may have: module sets are 64-bit masks.
+pub const MAX_MODULES: usize = 64;
+
+/// A set of modules as a bitmask over module indices (the result-cache key of §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ModuleSet(pub u64);
+
+impl ModuleSet {
+    /// The empty set.
+    pub const EMPTY: ModuleSet = ModuleSet(0);
+
+    /// The set holding only module `i`.
+    pub fn single(i: usize) -> Self {
+        ModuleSet(1 << i)
+    }
+    /// The set of modules `0..n`.
+    pub fn all(n: usize) -> Self {
+        ModuleSet(if n >= 64 { u64::MAX } else { (1u64 << n) - 1 })
+    }
+    /// Whether module `i` is in the set.
+    pub fn contains(self, i: usize) -> bool {
+        self.0 >> i & 1 == 1
+    }
+    /// Number of modules in the set.
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    /// Union.
+    pub fn union(self, other: ModuleSet) -> ModuleSet {
+        ModuleSet(self.0 | other.0)
+    }
+    /// Intersection.
+    pub fn intersect(self, other: ModuleSet) -> ModuleSet {
+        ModuleSet(self.0 & other.0)
+    }
+    /// Modules of `self` not in `other`.
+    pub fn minus(self, other: ModuleSet) -> ModuleSet {
+        ModuleSet(self.0 & !other.0)
+    }
+    /// Whether every module of `self` is in `other`.
+    pub fn is_subset(self, other: ModuleSet) -> bool {
+        self.0 & !other.0 == 0
+    }
+    /// The module indices, ascending.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                i
+            })
+        })
+    }
+}
+
+/// One deployment candidate of a module: `dp` replicas, each with `units` quota units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaOption {
+    /// Data-parallel degree (a profiled one).
+    pub dp: u32,
+    /// Quota per replica in units of the granularity (1..=units per GPU).
+    pub units: u32,
+    /// Quota per replica as a fraction of the GPU.
+    pub sm: f64,
+    /// Predicted iteration time without interference, f_m(dp, sm), in ms.
+    pub time_ms: f64,
+    /// Predicted memory per GPU in GiB.
+    pub mem_gib: f64,
+    /// Predicted bandwidth utilisation B(m, sm).
+    pub bw_util: f64,
+}
+
+/// A module as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct ModuleModel {
+    /// Module name.
+    pub name: String,
+    /// Direct producers (the `after` list).
+    pub parents: ModuleSet,
+    /// All transitive producers.
+    pub ancestors: ModuleSet,
+    /// Candidate deployments that fit in a GPU's memory, ordered by (dp, units).
+    pub options: Vec<QuotaOption>,
+}
+
+/// The performance model of one model on one device kind at one quota granularity.
+#[derive(Debug, Clone)]
+pub struct PerfModel {
+    /// The device the profiles were taken on.
+    pub device: Device,
+    /// Interference coefficients of Eq. 8.
+    pub interference: Interference,
+    /// Quota units per GPU: 1 / granularity.
+    pub units_per_gpu: u32,
+    /// The modules, in file order.
+    pub modules: Vec<ModuleModel>,
+    /// Module indices in a topological order (producers first, ties by file order).
+    pub topo_order: Vec<usize>,
+}
+
+impl PerfModel {
+    /// Builds the model of a validated profile file with quotas in multiples of `granularity`.
+    ///
+    /// Quotas are interpolated linearly between profiled quotas at the same `dp` and never
+    /// extrapolated; `dp` values that were not profiled are not candidates. Fails, naming
+    /// `file` and the field, when the granularity does not divide 1 or a module fits on no GPU.
+    pub fn new(
+        p: &ProfileFile,
+        granularity: f64,
+        file: impl AsRef<Path>,
+    ) -> Result<Self, ProfileError> {
+        let file = file.as_ref();
+        let units = (1.0 / granularity).round();
+        if !(granularity > 0.0 && granularity <= 1.0) || (units * granularity - 1.0).abs() > 1e-9 {
+            return Err(ProfileError::invalid(
+                file,
+                "granularity",
+                format!("expected a quota step in (0, 1] that divides 1 (e.g. 0.1, 0.05), found {granularity}"),
+            ));
+        }
+        let units = units as u32;
+        let index: BTreeMap<&str, usize> = p
+            .modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.name.as_str(), i))
+            .collect();
+        let parents: Vec<ModuleSet> = p
+            .modules
+            .iter()
+            .map(|m| {
+                ModuleSet(
+                    m.after
+                        .iter()
+                        .fold(0, |acc, a| acc | 1 << index[a.as_str()]),
+                )
+            })
+            .collect();
+        let topo_order = topological_order(&parents);
+        let mut ancestors = vec![ModuleSet::EMPTY; parents.len()];
+        for &i in &topo_order {
+            ancestors[i] = parents[i]
+                .iter()
+                .fold(parents[i], |acc, j| acc.union(ancestors[j]));
+        }
+        let mut modules = Vec::with_capacity(p.modules.len());
+        for (i, m) in p.modules.iter().enumerate() {
+            let options: Vec<QuotaOption> = surface(&m.samples, units)
+                .into_iter()
+                .filter(|o| o.mem_gib <= p.device.memory_gib)
+                .collect();
+            if options.is_empty() {
+                return Err(ProfileError::invalid(
+                    file,
+                    format!("modules[{i}].samples"),
+                    format!(
+                        "module \"{}\" fits on no GPU: every sample needs more than the device's {} GiB \
+                         or lies below the smallest quota step {granularity}",
+                        m.name, p.device.memory_gib
+                    ),
+                ));
+            }
+            modules.push(ModuleModel {
+                name: m.name.clone(),
+                parents: parents[i],
+                ancestors: ancestors[i],
+                options,
+            });
+        }
+        Ok(PerfModel {
+            device: p.device.clone(),
+            interference: p.interference,
+            units_per_gpu: units,
+            modules,
+            topo_order,
+        })
+    }
+
+    /// Quota step as a fraction of a GPU.
+    pub fn granularity(&self) -> f64 {
+        1.0 / self.units_per_gpu as f64
+    }
+
+    /// Index of the module called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.modules.iter().position(|m| m.name == name)
+    }
+
+    /// Whether no module of `a` is an ancestor of a module of `b` or the other way round.
+    pub fn independent(&self, a: ModuleSet, b: ModuleSet) -> bool {
+        a.iter()
+            .all(|i| self.modules[i].ancestors.intersect(b).is_empty())
+            && b.iter()
+                .all(|i| self.modules[i].ancestors.intersect(a).is_empty())
+    }
+}
+
+/// Kahn's algorithm, smallest index first among the ready modules.
+fn topological_order(parents: &[ModuleSet]) -> Vec<usize> {
+    let n = parents.len();
+    let mut done = ModuleSet::EMPTY;
+    let mut order = Vec::with_capacity(n);
+    while order.len() < n {
+        let next = (0..n)
+            .find(|&i| !done.contains(i) && parents[i].is_subset(done))
+            .expect("validated profiles are acyclic");
+        done = done.union(ModuleSet::single(next));
+        order.push(next);
+    }
+    order
+}
+
+/// Candidate options of one module on the quota grid: for every profiled dp, every multiple of
+/// 1/units inside that dp's profiled quota range, interpolated linearly in the quota.
+fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
+    let mut by_dp: BTreeMap<u32, Vec<&crate::format::Sample>> = BTreeMap::new();
+    for s in samples {
+        by_dp.entry(s.dp).or_default().push(s);
+    }
+    let mut out = Vec::new();
+    for (dp, mut row) in by_dp {
+        row.sort_by(|a, b| a.sm.total_cmp(&b.sm));
+        for u in 1..=units {
+            let a = u as f64 / units as f64;
+            // The segment [lo, hi] of profiled quotas that contains a (tolerating float noise).
+            let eps = 1e-9;
+            let Some(k) = row.iter().position(|s| s.sm >= a - eps) else {
+                continue;
+            };
+            let hi = row[k];
+            let (time_ms, mem_gib, bw_util) = if (hi.sm - a).abs() <= eps {
+                (hi.time_ms, hi.mem_gib, hi.bw_util)
+            } else if k == 0 {
+                continue; // below the smallest profiled quota: never extrapolate
+            } else {
+                let lo = row[k - 1];
+                let t = (a - lo.sm) / (hi.sm - lo.sm);
+                let lerp = |x: f64, y: f64| x + t * (y - x);
+                (
+                    lerp(lo.time_ms, hi.time_ms),
+                    lerp(lo.mem_gib, hi.mem_gib),
+                    lerp(lo.bw_util, hi.bw_util),
+                )
+            };
+            out.push(QuotaOption {
+                dp,
+                units: u,
+                sm: a,
+                time_ms,
+                mem_gib,
+                bw_util,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Sample;
+
+    fn sample(dp: u32, sm: f64, time_ms: f64) -> Sample {
+        Sample {
+            dp,
+            sm,
+            time_ms,
+            mem_gib: 1.0,
+            sm_util: 0.5,
+            bw_util: sm / 2.0,
+        }
+    }
+
+    #[test]
+    fn surface_interpolates_between_profiled_quotas_only() {
+        let s = [
+            sample(1, 0.2, 100.0),
+            sample(1, 0.6, 60.0),
+            sample(2, 1.0, 10.0),
+        ];
+        let opts = surface(&s, 10);
+        let at = |dp, u| opts.iter().find(|o| o.dp == dp && o.units == u).copied();
+        assert!(at(1, 1).is_none(), "0.1 is below the profiled 0.2");
+        assert_eq!(at(1, 2).unwrap().time_ms, 100.0);
+        assert!((at(1, 4).unwrap().time_ms - 80.0).abs() < 1e-9);
+        assert!(at(1, 7).is_none(), "0.7 is above the profiled 0.6");
+        assert!(at(4, 10).is_none(), "dp 4 was not profiled");
+        assert_eq!(at(2, 10).unwrap().time_ms, 10.0);
+        assert_eq!(opts.iter().filter(|o| o.dp == 2).count(), 1);
+    }
+
+    #[test]
+    fn delta_is_zero_alone_and_eq8_otherwise() {
+        let e = Interference {
+            e1: 0.1,
+            e2: 0.2,
+            e3: 0.4,
+        };
+        assert_eq!(e.delta([0.5]), 0.0);
+        assert!((e.delta([0.5, 0.5]) - (0.1 + 0.2 * 1.0 + 0.4 * 0.25)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn module_sets_iterate_in_order() {
+        let s = ModuleSet(0b1011_0000_0001);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![0, 8, 9, 11]);
+        assert_eq!(s.len(), 4);
+        assert!(ModuleSet(0b1).is_subset(s));
+        assert_eq!(ModuleSet::all(64).len(), 64);
+    }
+}

@@ -1,0 +1,257 @@
+//! Reading a profile file and checking that it describes a valid model.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use crate::error::ProfileError;
+use crate::format::{ProfileFile, FORMAT};
+use crate::model::MAX_MODULES;
+
+/// Reads and validates the profile file at `path`.
+pub fn load(path: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+/// Parses and validates a profile file's text; `file` names it in errors.
+pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
+    let file = file.as_ref();
+    // Check the version first, so that a file of another format gets that error and not a
+    // confusing complaint about its fields.
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) {
+        match map.get("format") {
+            Some(serde_json::Value::String(f)) if f == FORMAT => {}
+            Some(other) => {
+                return Err(ProfileError::invalid(
+                    file,
+                    "format",
+                    format!("expected \"{FORMAT}\", found {other}"),
+                ))
+            }
+            None => {
+                return Err(ProfileError::invalid(
+                    file,
+                    "format",
+                    format!("missing; expected \"{FORMAT}\""),
+                ))
+            }
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let profiles: ProfileFile =
+        serde_path_to_error::deserialize(de).map_err(|e| ProfileError::Syntax {
+            file: file.to_path_buf(),
+            field: match e.path().to_string() {
+                p if p == "." => "(root)".to_string(),
+                p => p,
+            },
+            message: e.inner().to_string(),
+        })?;
+    validate(&profiles, file)?;
+    Ok(profiles)
+}
+
+fn check(
+    ok: bool,
+    file: &Path,
+    field: impl FnOnce() -> String,
+    msg: &str,
+) -> Result<(), ProfileError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ProfileError::invalid(file, field(), msg))
+    }
+}
+
+fn finite_in(x: f64, lo: f64, hi: f64) -> bool {
+    x.is_finite() && x >= lo && x <= hi
+}
+
+/// Checks everything serde cannot: ranges, unique names, known edges, an acyclic graph.
+fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
+    let d = &p.device;
+    check(
+        d.sm_count > 0,
+        file,
+        || "device.sm_count".into(),
+        "expected a positive SM count",
+    )?;
+    check(
+        d.memory_gib.is_finite() && d.memory_gib > 0.0,
+        file,
+        || "device.memory_gib".into(),
+        "expected a positive, finite capacity in GiB",
+    )?;
+    check(
+        !p.modules.is_empty(),
+        file,
+        || "modules".into(),
+        "expected at least one module",
+    )?;
+    check(
+        p.modules.len() <= MAX_MODULES,
+        file,
+        || "modules".into(),
+        &format!(
+            "at most {MAX_MODULES} modules are supported, found {}",
+            p.modules.len()
+        ),
+    )?;
+    let mut index = HashMap::new();
+    for (i, m) in p.modules.iter().enumerate() {
+        check(
+            !m.name.is_empty(),
+            file,
+            || format!("modules[{i}].name"),
+            "expected a non-empty name",
+        )?;
+        if let Some(j) = index.insert(m.name.as_str(), i) {
+            return Err(ProfileError::invalid(
+                file,
+                format!("modules[{i}].name"),
+                format!("duplicate module name \"{}\" (also modules[{j}])", m.name),
+            ));
+        }
+    }
+    for (i, m) in p.modules.iter().enumerate() {
+        let mut seen = HashSet::new();
+        for (k, a) in m.after.iter().enumerate() {
+            let field = || format!("modules[{i}].after[{k}]");
+            check(
+                index.contains_key(a.as_str()),
+                file,
+                field,
+                &format!("unknown module \"{a}\""),
+            )?;
+            check(
+                a != &m.name,
+                file,
+                field,
+                "a module cannot come after itself",
+            )?;
+            check(
+                seen.insert(a),
+                file,
+                field,
+                &format!("\"{a}\" is listed twice"),
+            )?;
+        }
+        check(
+            !m.samples.is_empty(),
+            file,
+            || format!("modules[{i}].samples"),
+            "expected at least one sample",
+        )?;
+        let mut grid = HashSet::new();
+        for (k, s) in m.samples.iter().enumerate() {
+            let f = |name: &str| format!("modules[{i}].samples[{k}].{name}");
+            check(
+                s.dp >= 1,
+                file,
+                || f("dp"),
+                "expected a data-parallel degree of at least 1",
+            )?;
+            check(
+                s.sm.is_finite() && s.sm > 0.0 && s.sm <= 1.0,
+                file,
+                || f("sm"),
+                "expected an SM quota in (0, 1]",
+            )?;
+            check(
+                s.time_ms.is_finite() && s.time_ms > 0.0,
+                file,
+                || f("time_ms"),
+                "expected a positive, finite time",
+            )?;
+            check(
+                finite_in(s.mem_gib, 0.0, f64::MAX),
+                file,
+                || f("mem_gib"),
+                "expected a non-negative, finite memory",
+            )?;
+            check(
+                finite_in(s.sm_util, 0.0, 1.0),
+                file,
+                || f("sm_util"),
+                "expected a utilisation in [0, 1]",
+            )?;
+            check(
+                finite_in(s.bw_util, 0.0, 1.0),
+                file,
+                || f("bw_util"),
+                "expected a utilisation in [0, 1]",
+            )?;
+            check(
+                grid.insert((s.dp, (s.sm * 1e6).round() as i64)),
+                file,
+                || format!("modules[{i}].samples[{k}]"),
+                &format!("duplicate sample at dp {} sm {}", s.dp, s.sm),
+            )?;
+        }
+    }
+    let e = &p.interference;
+    for (name, v) in [("e1", e.e1), ("e2", e.e2), ("e3", e.e3)] {
+        check(
+            finite_in(v, 0.0, f64::MAX),
+            file,
+            || format!("interference.{name}"),
+            "expected a non-negative, finite coefficient (colocation never speeds a module up)",
+        )?;
+    }
+    if let Some(cycle) = find_cycle(p, &index) {
+        let i = index[cycle[0].as_str()];
+        return Err(ProfileError::invalid(
+            file,
+            format!("modules[{i}].after"),
+            format!("the `after` edges form a cycle: {}", cycle.join(" -> ")),
+        ));
+    }
+    Ok(())
+}
+
+/// A cycle of module names (first repeated at the end), if the `after` edges have one.
+fn find_cycle(p: &ProfileFile, index: &HashMap<&str, usize>) -> Option<Vec<String>> {
+    // Iterative DFS with colours: 0 new, 1 on the stack, 2 done.
+    let n = p.modules.len();
+    let mut colour = vec![0u8; n];
+    for root in 0..n {
+        if colour[root] != 0 {
+            continue;
+        }
+        let mut stack = vec![(root, 0usize)];
+        colour[root] = 1;
+        while let Some(&mut (v, ref mut k)) = stack.last_mut() {
+            if let Some(parent) = p.modules[v].after.get(*k) {
+                *k += 1;
+                let u = index[parent.as_str()];
+                match colour[u] {
+                    0 => {
+                        colour[u] = 1;
+                        stack.push((u, 0));
+                    }
+                    1 => {
+                        let start = stack.iter().position(|&(w, _)| w == u).unwrap_or(0);
+                        // Edges point from consumer to producer; report producer -> consumer.
+                        let mut names: Vec<String> = stack[start..]
+                            .iter()
+                            .map(|&(w, _)| p.modules[w].name.clone())
+                            .collect();
+                        names.reverse();
+                        names.push(names[0].clone());
+                        return Some(names);
+                    }
+                    _ => {}
+                }
+            } else {
+                colour[v] = 2;
+                stack.pop();
+            }
+        }
+    }
+    None
+}
