@@ -1,0 +1,104 @@
+//! GAHC: Mosaic's temporal-spatial mapping solver (§3.4, Alg. 1).
+//!
+//! Start from one stage per module in a topological order; in each round evaluate every pair
+//! of stages whose merge keeps the stage order a valid topological order, and apply the merge
+//! with the largest positive gain Δ = T_x + T_y − T_{x∪y} (Eq. 9); stop when no merge gains.
+//!
+//! - **Legality** (Alg. 1 line 9): stages x < y may merge iff no dependency path leads from x
+//!   to y through the stage graph; this also forbids a module sharing a stage with one of its
+//!   ancestors. The merged list is re-sorted topologically, so the order stays valid.
+//! - **Early pruning** (line 11): a merge can beat Δ_best only if the merged stage can finish
+//!   before `T_x + T_y − Δ_best`; the paper checks that every module still has a candidate that
+//!   fast; we also check that the fastest-enough candidates fit the pool's SM capacity
+//!   ([`Problem::lower_bound`](crate::Problem::lower_bound)). Pruned pairs never reach StageEval.
+//! - **Result caching** (line 13): StageEval results are memoised by module set
+//!   ([`StageCache`]).
+
+use std::rc::Rc;
+
+use mosaic_profile::ModuleSet;
+
+use crate::cache::StageCache;
+use crate::stage_eval::StageAlloc;
+use crate::PlanError;
+
+/// Runs Alg. 1 and returns the stages in execution order.
+pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
+    let problem = cache.problem();
+    let model = problem.model;
+    let mut stages: Vec<Rc<StageAlloc>> = Vec::with_capacity(model.modules.len());
+    for &m in &model.topo_order {
+        stages.push(
+            cache
+                .eval(ModuleSet::single(m))
+                .ok_or_else(|| problem.unplaceable(m))?,
+        );
+    }
+    while stages.len() > 1 {
+        let reach = reachability(&stages, model);
+        let mut best_gain = 0.0;
+        let mut best: Option<(usize, usize, Rc<StageAlloc>)> = None;
+        for x in 0..stages.len() {
+            for y in x + 1..stages.len() {
+                if reach[x] >> y & 1 == 1 {
+                    continue; // merging would break the dependency order
+                }
+                let limit = stages[x].time_ms + stages[y].time_ms - best_gain;
+                let merged = stages[x].set.union(stages[y].set);
+                if let Some(alloc) = cache.eval_below(merged, limit) {
+                    best_gain = stages[x].time_ms + stages[y].time_ms - alloc.time_ms;
+                    best = Some((x, y, alloc));
+                }
+            }
+        }
+        let Some((x, y, merged)) = best else { break };
+        stages[x] = merged;
+        stages.remove(y);
+        stages = topological(stages, model);
+    }
+    Ok(stages)
+}
+
+/// For each stage (in a valid order), the bitmask of stages reachable from it.
+fn reachability(stages: &[Rc<StageAlloc>], model: &mosaic_profile::PerfModel) -> Vec<u64> {
+    let n = stages.len();
+    let mut reach = vec![0u64; n];
+    for i in (0..n).rev() {
+        for j in i + 1..n {
+            let feeds = stages[j]
+                .set
+                .iter()
+                .any(|m| !model.modules[m].parents.intersect(stages[i].set).is_empty());
+            if feeds {
+                reach[i] |= 1 << j | reach[j];
+            }
+        }
+    }
+    reach
+}
+
+/// Re-sorts stages topologically by their dependencies, keeping the current order on ties.
+pub(crate) fn topological(
+    stages: Vec<Rc<StageAlloc>>,
+    model: &mosaic_profile::PerfModel,
+) -> Vec<Rc<StageAlloc>> {
+    let mut done = ModuleSet::EMPTY;
+    let mut left: Vec<Option<Rc<StageAlloc>>> = stages.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(left.len());
+    while out.len() < left.len() {
+        let next = left
+            .iter()
+            .position(|s| {
+                s.as_ref().is_some_and(|s| {
+                    s.set
+                        .iter()
+                        .all(|m| model.modules[m].parents.is_subset(done))
+                })
+            })
+            .expect("legal merges keep the stage graph acyclic");
+        let s = left[next].take().expect("taken once");
+        done = done.union(s.set);
+        out.push(s);
+    }
+    out
+}

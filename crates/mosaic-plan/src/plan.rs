@@ -1,0 +1,185 @@
+//! The `mosaic-plan/1` file: stages, and per module its dp, quota, GPUs and predicted time.
+
+use serde::{Deserialize, Serialize};
+
+use mosaic_profile::PerfModel;
+
+use crate::stage_eval::StageAlloc;
+
+/// The value of the `format` field of a plan file.
+pub const PLAN_FORMAT: &str = "mosaic-plan/1";
+
+/// A temporal-spatial plan as written to `--out` / `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Always [`PLAN_FORMAT`].
+    pub format: String,
+    /// Predicted iteration time: the sum of the stage times, in ms.
+    pub iteration_ms: f64,
+    /// The search that produced the plan: `exact` (proven optimal) or `gahc`.
+    pub search: String,
+    /// Wall-clock solve time in ms.
+    pub solve_ms: f64,
+    /// GPUs in the pool.
+    pub gpus: u32,
+    /// The device the profiles describe.
+    pub device: String,
+    /// Quota step as a fraction of a GPU.
+    pub granularity: f64,
+    /// Stages in execution order.
+    pub stages: Vec<PlanStage>,
+}
+
+/// One stage: modules that run at the same time, spatially sharing the GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanStage {
+    /// Stage time (its slowest module), in ms.
+    pub time_ms: f64,
+    /// The stage's modules.
+    pub modules: Vec<PlanModule>,
+    /// SM quota used on each GPU of the pool during this stage.
+    pub gpu_quota: Vec<f64>,
+}
+
+/// A module's deployment within its stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanModule {
+    /// Module name.
+    pub name: String,
+    /// Data-parallel degree.
+    pub dp: u32,
+    /// SM quota on each of its GPUs.
+    pub sm: f64,
+    /// The GPUs holding its replicas.
+    pub gpus: Vec<u32>,
+    /// Predicted time including interference, in ms.
+    pub time_ms: f64,
+    /// Predicted time without interference, f_m(dp, sm), in ms.
+    pub base_ms: f64,
+    /// Predicted memory per GPU, in GiB.
+    pub mem_gib: f64,
+}
+
+/// Rounds for display and files: times to µs, quotas to 1e-6.
+fn round(x: f64, digits: i32) -> f64 {
+    let k = 10f64.powi(digits);
+    (x * k).round() / k
+}
+
+impl Plan {
+    /// Builds the plan file of solved stages.
+    pub fn new(
+        model: &PerfModel,
+        gpus: u32,
+        stages: &[std::rc::Rc<StageAlloc>],
+        search: &str,
+        solve_ms: f64,
+    ) -> Plan {
+        let g = model.granularity();
+        let stages: Vec<PlanStage> = stages
+            .iter()
+            .map(|s| {
+                let mut quota = vec![0u32; gpus as usize];
+                for p in &s.placements {
+                    for &x in &p.gpus {
+                        quota[x as usize] += p.choice.units;
+                    }
+                }
+                PlanStage {
+                    time_ms: round(s.time_ms, 3),
+                    modules: s
+                        .placements
+                        .iter()
+                        .map(|p| PlanModule {
+                            name: model.modules[p.module].name.clone(),
+                            dp: p.choice.dp,
+                            sm: round(p.choice.units as f64 * g, 6),
+                            gpus: p.gpus.clone(),
+                            time_ms: round(p.time_ms, 3),
+                            base_ms: round(p.choice.time_ms, 3),
+                            mem_gib: round(p.choice.mem_gib, 3),
+                        })
+                        .collect(),
+                    gpu_quota: quota.iter().map(|&u| round(u as f64 * g, 6)).collect(),
+                }
+            })
+            .collect();
+        Plan {
+            format: PLAN_FORMAT.to_string(),
+            iteration_ms: round(stages.iter().map(|s| s.time_ms).sum(), 3),
+            search: search.to_string(),
+            solve_ms: round(solve_ms, 3),
+            gpus,
+            device: model.device.name.clone(),
+            granularity: g,
+            stages,
+        }
+    }
+
+    /// Checks the plan against the model and pool: every module placed once, producers in
+    /// earlier stages, distinct GPUs within the pool, quotas ≤ 1 and memory within capacity
+    /// on every GPU. Returns the first violation found.
+    pub fn check(&self, model: &PerfModel) -> Result<(), String> {
+        let mut stage_of = vec![None; model.modules.len()];
+        for (si, s) in self.stages.iter().enumerate() {
+            let mut quota = vec![0.0; self.gpus as usize];
+            let mut mem = vec![0.0; self.gpus as usize];
+            for m in &s.modules {
+                let i = model
+                    .index_of(&m.name)
+                    .ok_or(format!("unknown module \"{}\"", m.name))?;
+                if stage_of[i].replace(si).is_some() {
+                    return Err(format!("module \"{}\" is placed twice", m.name));
+                }
+                if m.gpus.len() != m.dp as usize {
+                    return Err(format!(
+                        "module \"{}\": dp {} but {} GPUs",
+                        m.name,
+                        m.dp,
+                        m.gpus.len()
+                    ));
+                }
+                if !(m.sm > 0.0 && m.sm <= 1.0) {
+                    return Err(format!(
+                        "module \"{}\": quota {} outside (0, 1]",
+                        m.name, m.sm
+                    ));
+                }
+                let mut seen = std::collections::HashSet::new();
+                for &g in &m.gpus {
+                    if g >= self.gpus || !seen.insert(g) {
+                        return Err(format!(
+                            "module \"{}\": GPU {g} is out of the pool or repeated",
+                            m.name
+                        ));
+                    }
+                    quota[g as usize] += m.sm;
+                    mem[g as usize] += m.mem_gib;
+                }
+            }
+            for g in 0..self.gpus as usize {
+                if quota[g] > 1.0 + 1e-6 {
+                    return Err(format!("stage {si}: GPU {g} has quota {:.3} > 1", quota[g]));
+                }
+                if mem[g] > model.device.memory_gib + 1e-3 {
+                    return Err(format!(
+                        "stage {si}: GPU {g} needs {:.2} GiB > {}",
+                        mem[g], model.device.memory_gib
+                    ));
+                }
+            }
+        }
+        for (i, m) in model.modules.iter().enumerate() {
+            let s = stage_of[i].ok_or(format!("module \"{}\" is not placed", m.name))?;
+            for p in m.parents.iter() {
+                if stage_of[p].is_none_or(|sp| sp >= s) {
+                    return Err(format!(
+                        "module \"{}\" runs in stage {s}, not after its producer \"{}\"",
+                        m.name, model.modules[p].name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
