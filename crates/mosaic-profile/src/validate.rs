@@ -255,3 +255,177 @@ fn find_cycle(p: &ProfileFile, index: &HashMap<&str, usize>) -> Option<Vec<Strin
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A valid two-module file; tests break one thing at a time.
+    fn valid() -> serde_json::Value {
+        serde_json::json!({
+            "format": "mosaic-profiles/1",
+            "device": {"name": "H100-SXM5-80GB", "sm_count": 132, "memory_gib": 80.0},
+            "modules": [
+                {"name": "vision", "after": [], "samples": [
+                    {"dp": 1, "sm": 0.5, "time_ms": 10.0, "mem_gib": 5.0, "sm_util": 0.9, "bw_util": 0.2},
+                    {"dp": 1, "sm": 1.0, "time_ms": 6.0, "mem_gib": 5.0, "sm_util": 0.8, "bw_util": 0.3}]},
+                {"name": "llm", "after": ["vision"], "samples": [
+                    {"dp": 1, "sm": 1.0, "time_ms": 50.0, "mem_gib": 40.0, "sm_util": 0.9, "bw_util": 0.4}]}],
+            "interference": {"e1": 0.01, "e2": 0.1, "e3": 0.2}
+        })
+    }
+
+    /// The error of parsing `v`, as (field, message).
+    fn error_of(v: serde_json::Value) -> (String, String) {
+        let e = parse(&v.to_string(), "bad.json").expect_err("must be rejected");
+        let text = e.to_string();
+        assert!(text.starts_with("bad.json: "), "error names the file: {text}");
+        (e.field().unwrap_or_default().to_string(), text)
+    }
+
+    #[test]
+    fn valid_file_parses() {
+        let p = parse(&valid().to_string(), "ok.json").unwrap();
+        assert_eq!(p.modules.len(), 2);
+    }
+
+    #[test]
+    fn wrong_or_missing_format() {
+        let mut v = valid();
+        v["format"] = "mosaic-profiles/2".into();
+        assert_eq!(error_of(v).0, "format");
+        let mut v = valid();
+        v.as_object_mut().unwrap().remove("format");
+        assert_eq!(error_of(v).0, "format");
+    }
+
+    #[test]
+    fn missing_field_is_named_with_its_path() {
+        let mut v = valid();
+        v["modules"][1]["samples"][0].as_object_mut().unwrap().remove("time_ms");
+        let (field, text) = error_of(v);
+        assert_eq!(field, "modules[1].samples[0]");
+        assert!(text.contains("time_ms"), "{text}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let mut v = valid();
+        v["device"]["sm_count"] = "many".into();
+        assert_eq!(error_of(v).0, "device.sm_count");
+    }
+
+    #[test]
+    fn unknown_field_is_rejected() {
+        let mut v = valid();
+        v["modules"][0]["afterr"] = serde_json::json!([]);
+        assert!(error_of(v).1.contains("afterr"));
+    }
+
+    #[test]
+    fn cycle_is_reported_with_its_modules() {
+        let mut v = valid();
+        v["modules"][0]["after"] = serde_json::json!(["llm"]);
+        let (field, text) = error_of(v);
+        assert!(field.ends_with(".after"), "{field}");
+        assert!(text.contains("cycle") && text.contains("vision") && text.contains("llm"), "{text}");
+    }
+
+    #[test]
+    fn unknown_and_self_edges() {
+        let mut v = valid();
+        v["modules"][1]["after"] = serde_json::json!(["audio"]);
+        let (field, text) = error_of(v);
+        assert_eq!(field, "modules[1].after[0]");
+        assert!(text.contains("unknown module \"audio\""), "{text}");
+        let mut v = valid();
+        v["modules"][1]["after"] = serde_json::json!(["llm"]);
+        assert_eq!(error_of(v).0, "modules[1].after[0]");
+    }
+
+    #[test]
+    fn duplicate_name() {
+        let mut v = valid();
+        v["modules"][1]["name"] = "vision".into();
+        let (field, text) = error_of(v);
+        assert_eq!(field, "modules[1].name");
+        assert!(text.contains("duplicate"), "{text}");
+    }
+
+    #[test]
+    fn quota_outside_unit_interval() {
+        for bad in [0.0, -0.1, 1.5] {
+            let mut v = valid();
+            v["modules"][0]["samples"][0]["sm"] = bad.into();
+            assert_eq!(error_of(v).0, "modules[0].samples[0].sm");
+        }
+    }
+
+    #[test]
+    fn other_ranges() {
+        let cases: [(&str, serde_json::Value); 5] = [
+            ("dp", 0.into()),
+            ("time_ms", (-1.0).into()),
+            ("mem_gib", (-2.0).into()),
+            ("bw_util", 1.2.into()),
+            ("sm_util", (-0.5).into()),
+        ];
+        for (name, bad) in cases {
+            let mut v = valid();
+            v["modules"][0]["samples"][1][name] = bad;
+            assert_eq!(error_of(v).0, format!("modules[0].samples[1].{name}"));
+        }
+        let mut v = valid();
+        v["interference"]["e2"] = (-0.1).into();
+        assert_eq!(error_of(v).0, "interference.e2");
+        let mut v = valid();
+        v["device"]["memory_gib"] = 0.0.into();
+        assert_eq!(error_of(v).0, "device.memory_gib");
+    }
+
+    #[test]
+    fn duplicate_sample_and_empty_lists() {
+        let mut v = valid();
+        let s = v["modules"][0]["samples"][0].clone();
+        v["modules"][0]["samples"][1] = s;
+        assert_eq!(error_of(v).0, "modules[0].samples[1]");
+        let mut v = valid();
+        v["modules"][0]["samples"] = serde_json::json!([]);
+        assert_eq!(error_of(v).0, "modules[0].samples");
+        let mut v = valid();
+        v["modules"] = serde_json::json!([]);
+        assert_eq!(error_of(v).0, "modules");
+    }
+
+    #[test]
+    fn module_that_fits_on_no_gpu() {
+        let mut v = valid();
+        v["modules"][1]["samples"][0]["mem_gib"] = 120.0.into();
+        let p = parse(&v.to_string(), "big.json").unwrap();
+        let e = crate::PerfModel::new(&p, 0.1, "big.json").unwrap_err();
+        assert_eq!(e.field(), Some("modules[1].samples"));
+        assert!(e.to_string().contains("fits on no GPU"), "{e}");
+    }
+
+    #[test]
+    fn granularity_must_divide_one() {
+        let p = parse(&valid().to_string(), "ok.json").unwrap();
+        for bad in [0.0, 0.3, 1.5, -0.1] {
+            let e = crate::PerfModel::new(&p, bad, "ok.json").unwrap_err();
+            assert_eq!(e.field(), Some("granularity"));
+        }
+        assert!(crate::PerfModel::new(&p, 0.05, "ok.json").is_ok());
+    }
+
+    #[test]
+    fn not_json_at_all() {
+        let e = parse("{not json", "garbage.json").unwrap_err();
+        assert!(e.to_string().starts_with("garbage.json: "), "{e}");
+    }
+
+    #[test]
+    fn unreadable_file() {
+        let e = load("/nonexistent/profiles.json").unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/profiles.json"), "{e}");
+    }
+}
