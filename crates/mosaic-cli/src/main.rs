@@ -1,1 +1,61 @@
-fn main() {}
+//! `mosaic`: plan, profile and inspect temporal-spatial training plans of multimodal models.
+//!
+//! Every subcommand is one step of the pipeline in DESIGN.md and reads or writes a versioned
+//! JSON file. Bad input exits with code 2 and one message naming the file and the field.
+
+mod commands;
+mod input;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Plans the training of multimodal models by temporal-spatial GPU multiplexing (Mosaic).
+#[derive(Parser)]
+#[command(name = "mosaic", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan stages, data-parallel degrees, SM quotas and GPUs for a model.
+    Plan(commands::plan::Args),
+    /// Write the analytical profile of a built-in model on a built-in cluster.
+    Profile(commands::profile::Args),
+    /// List the built-in models, devices and clusters.
+    Zoo(commands::zoo::Args),
+    /// Measure planning speed and GAHC's quality against the exact search.
+    Bench(commands::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Plan(a) => commands::plan::run(a),
+        Command::Profile(a) => commands::profile::run(a),
+        Command::Zoo(a) => commands::zoo::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            let bad_input = e.downcast_ref::<input::BadInput>().is_some()
+                || e.downcast_ref::<mosaic_profile::ProfileError>().is_some()
+                || e.downcast_ref::<mosaic_zoo::ZooError>().is_some()
+                || matches!(
+                    e.downcast_ref::<mosaic_plan::PlanError>(),
+                    Some(
+                        mosaic_plan::PlanError::Unplaceable { .. } | mosaic_plan::PlanError::NoGpus
+                    )
+                );
+            ExitCode::from(if bad_input { 2 } else { 1 })
+        }
+    }
+}

@@ -35,6 +35,7 @@ pub mod exact;
 pub mod gahc;
 mod plan;
 pub mod stage_eval;
+pub mod synthetic;
 
 use std::time::{Duration, Instant};
 

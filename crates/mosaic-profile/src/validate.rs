@@ -279,7 +279,10 @@ mod tests {
     fn error_of(v: serde_json::Value) -> (String, String) {
         let e = parse(&v.to_string(), "bad.json").expect_err("must be rejected");
         let text = e.to_string();
-        assert!(text.starts_with("bad.json: "), "error names the file: {text}");
+        assert!(
+            text.starts_with("bad.json: "),
+            "error names the file: {text}"
+        );
         (e.field().unwrap_or_default().to_string(), text)
     }
 
@@ -302,7 +305,10 @@ mod tests {
     #[test]
     fn missing_field_is_named_with_its_path() {
         let mut v = valid();
-        v["modules"][1]["samples"][0].as_object_mut().unwrap().remove("time_ms");
+        v["modules"][1]["samples"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("time_ms");
         let (field, text) = error_of(v);
         assert_eq!(field, "modules[1].samples[0]");
         assert!(text.contains("time_ms"), "{text}");
@@ -328,7 +334,10 @@ mod tests {
         v["modules"][0]["after"] = serde_json::json!(["llm"]);
         let (field, text) = error_of(v);
         assert!(field.ends_with(".after"), "{field}");
-        assert!(text.contains("cycle") && text.contains("vision") && text.contains("llm"), "{text}");
+        assert!(
+            text.contains("cycle") && text.contains("vision") && text.contains("llm"),
+            "{text}"
+        );
     }
 
     #[test]

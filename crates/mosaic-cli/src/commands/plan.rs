@@ -1,0 +1,76 @@
+//! `mosaic plan`: profiles in, a temporal-spatial plan out.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use mosaic_plan::{solve, Search, SolveOptions};
+
+use crate::input::Source;
+use crate::render;
+
+/// Arguments of `mosaic plan`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    source: Source,
+    /// Stage search: the paper's GAHC, the exact down-set search, or exact when it finishes
+    /// within --time-budget and GAHC otherwise.
+    #[arg(long, value_enum, default_value_t = SearchArg::Auto)]
+    search: SearchArg,
+    /// Milliseconds the exact search may take.
+    #[arg(long, default_value_t = 2000)]
+    time_budget: u64,
+    /// Print the plan as mosaic-plan/1 JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the plan as mosaic-plan/1 JSON to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The `--search` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum SearchArg {
+    Gahc,
+    Exact,
+    Auto,
+}
+
+/// Runs `mosaic plan`.
+pub fn run(args: Args) -> Result<()> {
+    let input = args.source.load()?;
+    let search = match args.search {
+        SearchArg::Gahc => Search::Gahc,
+        SearchArg::Exact => Search::Exact,
+        SearchArg::Auto => Search::Auto,
+    };
+    let opts = SolveOptions {
+        search,
+        budget: Duration::from_millis(args.time_budget),
+    };
+    let plan = solve(&input.model, input.gpus, &opts).map_err(|e| {
+        let field = match &e {
+            mosaic_plan::PlanError::Unplaceable { module, .. } => input
+                .model
+                .index_of(module)
+                .map(|i| format!(": field `modules[{i}].samples`"))
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        anyhow::Error::from(e).context(format!("{}{field}: no plan", input.name))
+    })?;
+    let json = serde_json::to_string_pretty(&plan)? + "\n";
+    if let Some(out) = &args.out {
+        std::fs::write(out, &json).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if args.json {
+        print!("{json}");
+    } else {
+        print!(
+            "{}",
+            render::plan_table(&plan, &input.label, matches!(args.search, SearchArg::Auto))
+        );
+    }
+    Ok(())
+}

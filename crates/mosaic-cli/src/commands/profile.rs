@@ -1,0 +1,41 @@
+//! `mosaic profile`: the analytical profile of a built-in model on a built-in cluster.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+/// Arguments of `mosaic profile`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A built-in model (see `mosaic zoo`).
+    #[arg(long)]
+    model: String,
+    /// A built-in cluster, e.g. h100x8.
+    #[arg(long)]
+    cluster: String,
+    /// Where to write the mosaic-profiles/1 file (default: standard output).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs `mosaic profile`.
+pub fn run(args: Args) -> Result<()> {
+    let model = mosaic_zoo::model(&args.model)?;
+    let cluster = mosaic_zoo::cluster(&args.cluster)?;
+    let file = mosaic_zoo::profile(&model, &cluster);
+    let json = serde_json::to_string_pretty(&file)? + "\n";
+    match &args.out {
+        Some(out) => {
+            std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
+            eprintln!(
+                "wrote {} ({} modules of {} profiled on {})",
+                out.display(),
+                file.modules.len(),
+                model.name,
+                cluster.name
+            );
+        }
+        None => print!("{json}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Where a command's profiles come from: a file, or a built-in model on a built-in cluster.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use mosaic_profile::PerfModel;
+
+/// A command-line input that makes no sense (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// The profile source options shared by the commands that plan.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Source {
+    /// A mosaic-profiles/1 file.
+    #[arg(long, conflicts_with = "model")]
+    pub profiles: Option<PathBuf>,
+    /// A built-in model (see `mosaic zoo`); profiled by the analytical device model.
+    #[arg(long, requires = "cluster")]
+    pub model: Option<String>,
+    /// A built-in cluster such as h100x8 or a100x16 (sets the pool size and the device).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// GPUs in the pool (default: the cluster's size; required with --profiles).
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// SM quota step: quotas are multiples of it.
+    #[arg(long, default_value_t = 0.1)]
+    pub granularity: f64,
+}
+
+/// Profiles, their model, the pool size and a label for the input.
+pub struct Loaded {
+    /// Its performance model at the requested granularity.
+    pub model: PerfModel,
+    /// GPUs in the pool.
+    pub gpus: u32,
+    /// A short description of the input, for headers.
+    pub label: String,
+    /// The file name (or `model@cluster`) errors name.
+    pub name: String,
+}
+
+impl Source {
+    /// Loads the profiles and builds the performance model.
+    pub fn load(&self) -> Result<Loaded> {
+        let (file, name, default_gpus, label) = match (&self.profiles, &self.model) {
+            (Some(path), _) => {
+                let file = mosaic_profile::load(path)?;
+                let cluster_gpus = match &self.cluster {
+                    Some(c) => Some(mosaic_zoo::cluster(c)?.gpus()),
+                    None => None,
+                };
+                (file, path.display().to_string(), cluster_gpus, path.display().to_string())
+            }
+            (None, Some(model)) => {
+                let cluster_name = self.cluster.as_deref().unwrap_or_default();
+                let spec = mosaic_zoo::model(model)?;
+                let cluster = mosaic_zoo::cluster(cluster_name)?;
+                let file = mosaic_zoo::profile(&spec, &cluster);
+                let label = format!("{} on {}", spec.name, cluster.name);
+                (file, format!("{}@{}", spec.name, cluster.name), Some(cluster.gpus()), label)
+            }
+            (None, None) => {
+                return Err(BadInput(
+                    "no profiles: give --profiles FILE, or --model NAME --cluster NAME (see `mosaic zoo`)".into(),
+                )
+                .into())
+            }
+        };
+        let gpus = match (self.gpus, default_gpus) {
+            (Some(0), _) => return Err(BadInput("--gpus: expected at least 1 GPU".into()).into()),
+            (Some(g), _) | (None, Some(g)) => g,
+            (None, None) => {
+                return Err(BadInput(
+                    "--gpus: required with --profiles unless --cluster is given".into(),
+                )
+                .into())
+            }
+        };
+        let model = PerfModel::new(&file, self.granularity, &name).map_err(|e| match e {
+            mosaic_profile::ProfileError::Invalid { field, message, .. }
+                if field == "granularity" =>
+            {
+                anyhow::Error::from(BadInput(format!("--granularity: {message}")))
+            }
+            other => other.into(),
+        })?;
+        Ok(Loaded {
+            model,
+            gpus,
+            label,
+            name,
+        })
+    }
+}

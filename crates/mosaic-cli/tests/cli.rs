@@ -1,0 +1,303 @@
+//! Drives the `mosaic` binary as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+fn mosaic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(args)
+        .output()
+        .expect("the mosaic binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/ofasys-h100x8.json")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mosaic-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Checks a plan JSON against the invariants a user relies on.
+fn assert_valid_plan(plan: &Value, modules: usize, gpus: u64) {
+    assert_eq!(plan["format"], "mosaic-plan/1");
+    let stages = plan["stages"].as_array().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut sum = 0.0;
+    for st in stages {
+        sum += st["time_ms"].as_f64().unwrap();
+        let mut quota = vec![0.0; gpus as usize];
+        for m in st["modules"].as_array().unwrap() {
+            assert!(
+                seen.insert(m["name"].as_str().unwrap().to_string()),
+                "placed once"
+            );
+            let gs = m["gpus"].as_array().unwrap();
+            assert_eq!(gs.len() as u64, m["dp"].as_u64().unwrap());
+            for g in gs {
+                quota[g.as_u64().unwrap() as usize] += m["sm"].as_f64().unwrap();
+            }
+        }
+        assert!(
+            quota.iter().all(|&q| q <= 1.0 + 1e-9),
+            "quota ≤ 1 on every GPU: {quota:?}"
+        );
+    }
+    assert_eq!(seen.len(), modules);
+    assert!((sum - plan["iteration_ms"].as_f64().unwrap()).abs() < 1e-2);
+}
+
+#[test]
+fn plans_the_example_file_as_a_table() {
+    let ex = example();
+    let o = mosaic(&["plan", "--profiles", ex.to_str().unwrap(), "--gpus", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("stage 1") && out.contains("predicted iteration"),
+        "{out}"
+    );
+}
+
+#[test]
+fn plans_a_built_in_model_as_json_and_writes_the_file() {
+    let path = temp("plan.json");
+    let o = mosaic(&[
+        "plan",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--json",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    let modules = mosaic_zoo::model("ofasys").unwrap().modules.len();
+    assert_valid_plan(&printed, modules, 8);
+    assert!(["exact", "gahc"].contains(&printed["search"].as_str().unwrap()));
+}
+
+#[test]
+fn exact_is_never_worse_than_gahc() {
+    let ex = example();
+    let run = |search: &str| -> f64 {
+        let o = mosaic(&[
+            "plan",
+            "--profiles",
+            ex.to_str().unwrap(),
+            "--gpus",
+            "8",
+            "--json",
+            "--search",
+            search,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(plan["search"], search);
+        plan["iteration_ms"].as_f64().unwrap()
+    };
+    assert!(run("exact") <= run("gahc") + 1e-6);
+}
+
+#[test]
+fn profile_writes_a_file_the_planner_reads() {
+    let path = temp("clip.json");
+    let o = mosaic(&[
+        "profile",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mosaic(&[
+        "plan",
+        "--profiles",
+        path.to_str().unwrap(),
+        "--gpus",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(plan["gpus"], 4);
+}
+
+#[test]
+fn zoo_lists_the_papers_models() {
+    let o = mosaic(&["zoo"]);
+    assert!(o.status.success());
+    let out = stdout(&o).to_lowercase();
+    for m in [
+        "clip",
+        "qwen3-vl",
+        "unified-io-2",
+        "imagebind",
+        "ofasys",
+        "ctvlm",
+        "h100",
+        "h200",
+        "a100",
+    ] {
+        assert!(out.contains(m), "zoo lists {m}: {out}");
+    }
+}
+
+/// A small valid profile file as JSON, for breaking one thing at a time.
+fn small() -> Value {
+    let samples = |t: f64| {
+        json!([{"dp": 1, "sm": 0.5, "time_ms": t * 1.5, "mem_gib": 4.0, "sm_util": 0.9, "bw_util": 0.3},
+               {"dp": 1, "sm": 1.0, "time_ms": t, "mem_gib": 4.0, "sm_util": 0.7, "bw_util": 0.4},
+               {"dp": 2, "sm": 1.0, "time_ms": t * 0.6, "mem_gib": 3.0, "sm_util": 0.6, "bw_util": 0.4}])
+    };
+    json!({"format": "mosaic-profiles/1",
+           "device": {"name": "H100-SXM5-80GB", "sm_count": 132, "memory_gib": 80.0},
+           "modules": [{"name": "vision", "after": [], "samples": samples(100.0)},
+                       {"name": "text", "after": [], "samples": samples(30.0)},
+                       {"name": "llm", "after": ["vision", "text"], "samples": samples(300.0)}],
+           "interference": {"e1": 0.02, "e2": 0.1, "e3": 0.3}})
+}
+
+/// Plans a broken file and returns stderr, asserting exit code 2 and no plan on stdout.
+fn rejected(v: &Value, extra: &[&str]) -> String {
+    let path = temp(&format!("bad-{}.json", rand_suffix()));
+    std::fs::write(&path, v.to_string()).unwrap();
+    let mut args = vec!["plan", "--profiles", path.to_str().unwrap(), "--gpus", "2"];
+    args.extend_from_slice(extra);
+    let o = mosaic(&args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "exit code 2: {err}");
+    assert!(o.stdout.is_empty(), "no plan on bad input");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains(path.to_str().unwrap()),
+        "names the file: {err}"
+    );
+    err
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+#[test]
+fn small_file_plans() {
+    let path = temp("small.json");
+    std::fs::write(&path, small().to_string()).unwrap();
+    let o = mosaic(&[
+        "plan",
+        "--profiles",
+        path.to_str().unwrap(),
+        "--gpus",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_valid_plan(&serde_json::from_slice(&o.stdout).unwrap(), 3, 2);
+}
+
+#[test]
+fn bad_inputs_are_rejected_with_the_file_and_field() {
+    let mut v = small();
+    v["modules"][0]["after"] = json!(["llm"]);
+    assert!(rejected(&v, &[]).contains("cycle"));
+
+    let mut v = small();
+    v["modules"][2]["after"] = json!(["vision", "audio"]);
+    assert!(rejected(&v, &[]).contains("modules[2].after[1]"));
+
+    let mut v = small();
+    v["modules"][1]["name"] = "vision".into();
+    assert!(rejected(&v, &[]).contains("modules[1].name"));
+
+    let mut v = small();
+    v["modules"][0]["samples"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("bw_util");
+    assert!(rejected(&v, &[]).contains("bw_util"));
+
+    let mut v = small();
+    v["modules"][1]["samples"][1]["sm"] = 1.2.into();
+    assert!(rejected(&v, &[]).contains("modules[1].samples[1].sm"));
+
+    let mut v = small();
+    for s in v["modules"][2]["samples"].as_array_mut().unwrap() {
+        s["mem_gib"] = 200.0.into();
+    }
+    assert!(rejected(&v, &[]).contains("fits on no GPU"));
+
+    let mut v = small();
+    v["format"] = "mosaic-plan/1".into();
+    assert!(rejected(&v, &[]).contains("format"));
+}
+
+#[test]
+fn a_granularity_that_does_not_divide_one_is_refused() {
+    let path = temp("granularity.json");
+    std::fs::write(&path, small().to_string()).unwrap();
+    let o = mosaic(&[
+        "plan",
+        "--profiles",
+        path.to_str().unwrap(),
+        "--gpus",
+        "2",
+        "--granularity",
+        "0.3",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty());
+    assert!(stderr(&o).contains("--granularity"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_pool_size_and_unknown_names_exit_2() {
+    let ex = example();
+    let o = mosaic(&["plan", "--profiles", ex.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--gpus"));
+
+    let o = mosaic(&["plan", "--model", "gpt-17", "--cluster", "h100x8"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).to_lowercase().contains("clip"),
+        "lists the known models: {}",
+        stderr(&o)
+    );
+
+    let o = mosaic(&["plan", "--profiles", "/nonexistent.json", "--gpus", "8"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("/nonexistent.json"));
+}
+
+#[test]
+fn a_module_needing_more_gpus_than_the_pool_is_refused() {
+    let mut v = small();
+    v["modules"][2]["samples"] = json!([{"dp": 4, "sm": 1.0, "time_ms": 10.0, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.5}]);
+    let err = rejected(&v, &[]);
+    assert!(
+        err.contains("llm") && err.contains("cannot be placed"),
+        "{err}"
+    );
+}

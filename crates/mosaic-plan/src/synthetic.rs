@@ -1,0 +1,385 @@
+//! Deterministic random models for tests and benchmarks.
+//!
+//! [`random_profiles`] builds a valid `mosaic-profiles/1` file from a seed: a multimodal-looking
+//! DAG (encoder chains fanning into a backbone, heads after it, a few extra cross edges) and,
+//! per module, a roofline-ish scaling surface sampled on the paper's grid (dp at powers of two,
+//! SM quota at deciles, §3.3). The same seed always gives the same file: the generator is a
+//! self-contained [`SplitMix64`], not the `rand` crate, so no dependency update can change the
+//! models a test or benchmark sees.
+//!
+//! ```
+//! use mosaic_plan::synthetic::random_profiles;
+//! let file = random_profiles(7, 6, 8);
+//! assert_eq!(file.modules.len(), 6);
+//! let model = mosaic_profile::PerfModel::new(&file, 0.1, "synthetic").unwrap();
+//! assert_eq!(model.topo_order.len(), 6);
+//! assert_eq!(random_profiles(7, 6, 8), file, "deterministic");
+//! ```
+
+use mosaic_profile::{
+    Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT, MAX_MODULES,
+};
+
+/// The SplitMix64 pseudo-random generator (Steele, Lea and Flood, OOPSLA 2014): tiny, fast,
+/// and good enough for test data. Not for cryptography.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator whose sequence is fully determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64 { state: seed }
+    }
+
+    /// The next 64 uniformly distributed bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform float in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// A uniform float in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next_f64()
+    }
+
+    /// A float in [lo, hi) whose logarithm is uniform (so every decade is equally likely);
+    /// `lo` must be positive.
+    pub fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo * (hi / lo).powf(self.next_f64())
+    }
+
+    /// A uniform integer in `0..n`; `n` must be positive.
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "SplitMix64::below(0)");
+        // Multiply-shift (Lemire): bias below 2^-64 per draw, irrelevant for test data.
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+
+    /// A uniform integer in `lo..=hi`; requires `lo <= hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        assert!(lo <= hi, "SplitMix64::range({lo}, {hi})");
+        lo + self.below((hi - lo) as u64 + 1) as usize
+    }
+
+    /// `true` with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.next_f64() < p
+    }
+
+    /// Shuffles `items` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// Device memory of the synthetic GPU, in GiB (an 80 GiB H100 SXM5, NVIDIA H100 datasheet).
+pub const SYNTHETIC_MEMORY_GIB: f64 = 80.0;
+
+/// Streaming multiprocessors of the synthetic GPU (H100 SXM5: 132 SMs, NVIDIA H100 datasheet).
+pub const SYNTHETIC_SM_COUNT: u32 = 132;
+
+/// Encoder modality names, for readable module names.
+const MODALITIES: [&str; 8] = [
+    "vision", "text", "audio", "depth", "imu", "video", "thermal", "points",
+];
+
+/// The role a module plays in the synthetic DAG; it scales the module's work.
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Encoder,
+    Backbone,
+    Head,
+}
+
+/// A random model of `modules` modules profiled at every power-of-two dp up to `max_dp`,
+/// as a valid `mosaic-profiles/1` file that [`mosaic_profile::PerfModel::new`] accepts at any
+/// quota granularity (the quota 1.0 is always sampled and always fits at `max_dp`).
+///
+/// The DAG: one to four encoder chains (modality names such as `vision_0 → vision_1`) fan into
+/// a backbone (one module, or a two-module chain), followed by zero or more heads; then random
+/// extra edges from an earlier to a later module of that numbering, so the graph stays acyclic.
+/// The file lists the modules in a shuffled order, so file order is not a topological order.
+///
+/// Each module is sampled at dp ∈ {1, 2, 4, …, ≤ `max_dp`} and sm ∈ {0.1, 0.2, …, 1.0} from a
+/// roofline-ish surface: `time = work / (dp · min(sm, a_sat)) · (1 ± 2 % noise) + overhead +
+/// comm(dp)`, with `a_sat` uniform in [0.3, 1], work log-uniform over an order of magnitude
+/// (backbones ×3, heads ×½), and a ring all-reduce term `2(dp−1)/dp · c + latency · log2 dp`
+/// that grows with dp. Memory per GPU is `static + activations / dp` (replicated weights,
+/// split batch), constant in sm; some modules do not fit one 80 GiB GPU at dp = 1, but every
+/// module fits at `max_dp`. Bandwidth utilisation grows with the quota until `a_sat` and is
+/// higher for modules that saturate early (memory-bound ones), always in [0, 1]. The
+/// interference coefficients are uniform in e1 ∈ [0, 0.1], e2 ∈ [0, 0.3], e3 ∈ [0, 0.5].
+///
+/// `max_dp` values below 1 count as 1. Numbers are rounded to 4 decimals so that files are
+/// short and survive a JSON round trip unchanged.
+///
+/// # Panics
+/// If `modules` is 0 or more than [`MAX_MODULES`].
+pub fn random_profiles(seed: u64, modules: usize, max_dp: u32) -> ProfileFile {
+    assert!(
+        (1..=MAX_MODULES).contains(&modules),
+        "random_profiles: expected 1..={MAX_MODULES} modules, got {modules}"
+    );
+    let max_dp = max_dp.max(1);
+    let mut rng = SplitMix64::new(seed);
+    let (names, roles, parents) = random_dag(&mut rng, modules);
+    let dps: Vec<u32> = (0..32)
+        .map(|k| 1u32 << k)
+        .take_while(|&d| d <= max_dp)
+        .collect();
+
+    let mut profiles: Vec<ModuleProfile> = (0..modules)
+        .map(|i| ModuleProfile {
+            name: names[i].clone(),
+            after: parents[i].iter().map(|&p| names[p].clone()).collect(),
+            samples: random_surface(&mut rng, roles[i], &dps),
+        })
+        .collect();
+    rng.shuffle(&mut profiles);
+
+    ProfileFile {
+        format: FORMAT.to_string(),
+        device: Device {
+            name: "H100-SXM5-80GB".to_string(),
+            sm_count: SYNTHETIC_SM_COUNT,
+            memory_gib: SYNTHETIC_MEMORY_GIB,
+        },
+        modules: profiles,
+        interference: Interference {
+            e1: round4(rng.uniform(0.0, 0.1)),
+            e2: round4(rng.uniform(0.0, 0.3)),
+            e3: round4(rng.uniform(0.0, 0.5)),
+        },
+        source: Some(format!(
+            "mosaic_plan::synthetic::random_profiles(seed {seed}, {modules} modules, max dp {max_dp})"
+        )),
+    }
+}
+
+/// Names, roles and producer lists of a random multimodal DAG, in a topological numbering
+/// (every producer index is smaller than its consumer's).
+#[allow(clippy::type_complexity)]
+fn random_dag(rng: &mut SplitMix64, n: usize) -> (Vec<String>, Vec<Role>, Vec<Vec<usize>>) {
+    // Heads and backbone modules first; whatever is left are encoders (at least one if n ≥ 2).
+    let heads = if n >= 4 { rng.range(0, (n - 1) / 3) } else { 0 };
+    let backbones = if n >= 6 && rng.chance(0.5) { 2 } else { 1 };
+    let encoders = n - heads - backbones;
+    let chains = if encoders == 0 {
+        0
+    } else {
+        rng.range(1, encoders.min(4))
+    };
+    // Chain lengths: one module each, the rest spread at random.
+    let mut lengths = vec![1usize; chains];
+    for _ in chains..encoders {
+        let c = rng.below(chains as u64) as usize;
+        lengths[c] += 1;
+    }
+
+    let mut names = Vec::with_capacity(n);
+    let mut roles = Vec::with_capacity(n);
+    let mut parents: Vec<Vec<usize>> = Vec::with_capacity(n);
+    let mut chain_ends = Vec::with_capacity(chains);
+    for (c, &len) in lengths.iter().enumerate() {
+        let modality = if c < MODALITIES.len() {
+            MODALITIES[c].to_string()
+        } else {
+            format!("{}{}", MODALITIES[c % MODALITIES.len()], c)
+        };
+        for k in 0..len {
+            parents.push(if k == 0 {
+                Vec::new()
+            } else {
+                vec![names.len() - 1]
+            });
+            names.push(format!("{modality}_{k}"));
+            roles.push(Role::Encoder);
+        }
+        chain_ends.push(names.len() - 1);
+    }
+    for b in 0..backbones {
+        parents.push(if b == 0 {
+            chain_ends.clone()
+        } else {
+            vec![names.len() - 1]
+        });
+        names.push(format!("backbone_{b}"));
+        roles.push(Role::Backbone);
+    }
+    let last_backbone = names.len() - 1;
+    for h in 0..heads {
+        parents.push(vec![last_backbone]);
+        names.push(format!("head_{h}"));
+        roles.push(Role::Head);
+    }
+    debug_assert_eq!(names.len(), n);
+
+    // Extra edges i → j with i < j keep the numbering topological, hence the graph acyclic.
+    if n >= 3 {
+        for _ in 0..rng.range(0, n / 4) {
+            let j = rng.range(1, n - 1);
+            let i = rng.below(j as u64) as usize;
+            if !parents[j].contains(&i) {
+                parents[j].push(i);
+            }
+        }
+    }
+    (names, roles, parents)
+}
+
+/// One module's samples on the dp × decile grid.
+fn random_surface(rng: &mut SplitMix64, role: Role, dps: &[u32]) -> Vec<Sample> {
+    let scale = match role {
+        Role::Encoder => 1.0,
+        Role::Backbone => 3.0,
+        Role::Head => 0.5,
+    };
+    // Time on a whole GPU at dp 1, compute part only: 20–200 ms times the role's scale.
+    let full_ms = scale * rng.log_uniform(20.0, 200.0);
+    let a_sat = rng.uniform(0.3, 1.0);
+    let overhead_ms = rng.uniform(0.5, 3.0);
+    // Gradient all-reduce: a ring moves 2(d−1)/d of the gradient bytes, plus per-hop latency.
+    let allreduce_ms = full_ms * rng.uniform(0.01, 0.15);
+    let hop_ms = rng.uniform(0.1, 1.0);
+    // Memory-bound modules (small a_sat) use much of the bandwidth; compute-bound ones little.
+    let bw_peak = (0.95 - 0.8 * (a_sat - 0.3) / 0.7 + rng.uniform(-0.1, 0.1)).clamp(0.02, 1.0);
+    let efficiency = rng.uniform(0.6, 0.95);
+    // Memory at dp 1: log-uniform 4–130 GiB, so roughly one module in seven needs dp ≥ 2.
+    let mut mem1 = rng.log_uniform(4.0, 130.0);
+    let static_frac = rng.uniform(0.1, 0.6);
+    let max_dp = *dps.last().expect("dp 1 is always sampled") as f64;
+    let at_max = |mem1: f64| mem1 * (static_frac + (1.0 - static_frac) / max_dp);
+    let limit = 0.95 * SYNTHETIC_MEMORY_GIB;
+    if at_max(mem1) > limit {
+        // Shrink so that the module fits at the largest dp, with some slack left at random.
+        mem1 *= rng.uniform(0.5, 0.95) * limit / at_max(mem1);
+    }
+
+    let mut samples = Vec::with_capacity(dps.len() * 10);
+    for &dp in dps {
+        let d = dp as f64;
+        let comm_ms = allreduce_ms * 2.0 * (d - 1.0) / d + hop_ms * (dp.trailing_zeros() as f64);
+        let mem_gib = mem1 * (static_frac + (1.0 - static_frac) / d);
+        for decile in 1..=10u32 {
+            let sm = decile as f64 / 10.0;
+            let effective = sm.min(a_sat);
+            let noise = 1.0 + rng.uniform(-0.02, 0.02);
+            let compute_ms = full_ms * a_sat / (d * effective) * noise;
+            samples.push(Sample {
+                dp,
+                sm,
+                time_ms: round4(compute_ms + overhead_ms + comm_ms),
+                mem_gib: round4(mem_gib),
+                sm_util: round4(efficiency * effective / sm).clamp(0.0, 1.0),
+                bw_util: round4(bw_peak * effective / a_sat).clamp(0.0, 1.0),
+            });
+        }
+    }
+    samples
+}
+
+/// Rounds to 4 decimals.
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mosaic_profile::PerfModel;
+
+    fn round_trip(file: &ProfileFile) -> ProfileFile {
+        let text = serde_json::to_string_pretty(file).unwrap();
+        mosaic_profile::parse(&text, "synthetic.json")
+            .unwrap_or_else(|e| panic!("generated file is invalid: {e}\n{text}"))
+    }
+
+    #[test]
+    fn output_parses_and_models_at_every_size() {
+        for seed in 0..40u64 {
+            for &(n, max_dp) in &[(1, 1), (2, 2), (3, 1), (5, 4), (8, 8), (12, 16), (64, 8)] {
+                let file = random_profiles(seed, n, max_dp);
+                let parsed = round_trip(&file);
+                assert_eq!(parsed, file, "JSON round trip changes the file");
+                for granularity in [0.1, 0.25, 0.5, 1.0] {
+                    let model = PerfModel::new(&parsed, granularity, "synthetic.json")
+                        .unwrap_or_else(|e| panic!("seed {seed}, {n} modules: {e}"));
+                    assert_eq!(model.modules.len(), n);
+                    for m in &model.modules {
+                        // Every module fits at the largest dp.
+                        assert!(m.options.iter().any(|o| o.dp == max_dp));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn same_seed_same_file_other_seed_other_file() {
+        assert_eq!(random_profiles(42, 9, 8), random_profiles(42, 9, 8));
+        assert_ne!(random_profiles(42, 9, 8), random_profiles(43, 9, 8));
+    }
+
+    #[test]
+    fn surfaces_look_like_the_paper_says() {
+        let mut too_big_for_one_gpu = 0;
+        let mut modules = 0;
+        for seed in 0..50u64 {
+            let file = random_profiles(seed, 8, 8);
+            let e = file.interference;
+            assert!((0.0..=0.1).contains(&e.e1), "{e:?}");
+            assert!((0.0..=0.3).contains(&e.e2), "{e:?}");
+            assert!((0.0..=0.5).contains(&e.e3), "{e:?}");
+            for m in &file.modules {
+                modules += 1;
+                let at = |dp: u32, decile: u32| {
+                    m.samples
+                        .iter()
+                        .find(|s| s.dp == dp && (s.sm * 10.0).round() as u32 == decile)
+                        .unwrap()
+                };
+                assert_eq!(m.samples.len(), 4 * 10);
+                if at(1, 1).mem_gib > SYNTHETIC_MEMORY_GIB {
+                    too_big_for_one_gpu += 1;
+                }
+                for s in &m.samples {
+                    assert!((0.0..=1.0).contains(&s.bw_util) && (0.0..=1.0).contains(&s.sm_util));
+                }
+                for dp in [1, 2, 4] {
+                    // Memory per GPU shrinks with dp; more quota is never much slower.
+                    assert!(at(2 * dp, 5).mem_gib < at(dp, 5).mem_gib);
+                    assert!(at(dp, 10).time_ms <= at(dp, 1).time_ms);
+                }
+            }
+        }
+        assert!(
+            too_big_for_one_gpu > 0 && too_big_for_one_gpu < modules / 3,
+            "{too_big_for_one_gpu} of {modules} modules do not fit one GPU"
+        );
+    }
+
+    #[test]
+    fn dag_has_encoders_backbone_and_heads() {
+        let file = random_profiles(3, 10, 4);
+        let backbone = file
+            .modules
+            .iter()
+            .find(|m| m.name == "backbone_0")
+            .unwrap();
+        assert!(!backbone.after.is_empty());
+        assert!(file.modules.iter().any(|m| m.after.is_empty()));
+    }
+}

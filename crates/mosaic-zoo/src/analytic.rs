@@ -1,0 +1,356 @@
+//! The analytical device model: a module's iteration time, memory and utilisation on `dp` GPUs
+//! with SM quota `sm` each (DESIGN.md, "The analytical device model"), and the profile file it
+//! produces on the paper's grid.
+//!
+//! Per GPU and iteration, with micro-batch `b = ⌈B / dp⌉` samples:
+//! - **matmuls and attention** run at `sm × peak × efficiency`, or at the HBM bandwidth their
+//!   operands need if that is slower (roofline);
+//! - **memory-bound kernels** (norms, residuals, activation functions, gathers, logits, the
+//!   gradient buffer and the AdamW step) run at `BW(sm) = BW_peak × hbm_efficiency ×
+//!   min(1, sm / bw_saturation)`: a fraction of the SMs already saturates HBM, so modules made
+//!   of such kernels stop scaling early — the fact Mosaic exploits;
+//! - kernels run one after another, so the two times add; the GPU time is floored by the
+//!   host's launch time (eager PyTorch, proportional to the layers), which small modules hit;
+//! - trainable modules then reduce gradients by a ring (`2(d−1)/d × bytes / bus bandwidth`,
+//!   NVLink inside a node, the nodes' InfiniBand NICs across), half of it hidden behind the
+//!   backward pass.
+//!
+//! Training is 3 × the forward FLOPs (forward, activation and weight gradients); frozen modules
+//! fed by data run forward only. Trainable modules keep bf16 weights and gradients and an
+//! fp32 AdamW state (master weights, m, v: 12 bytes per parameter) sharded over the `dp`
+//! replicas (ZeRO-1 / Megatron's distributed optimizer — without it Qwen3-VL's 8B LLM could
+//! not train on 80 GB GPUs at all). A module whose activations do not fit recomputes its
+//! layers (one more forward pass, only layer inputs kept).
+
+use mosaic_profile::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+use serde::Serialize;
+
+use crate::device::ClusterSpec;
+use crate::spec::ModelSpec;
+use crate::workload::{Workload, BF16};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The device model's constants. Every one is an assumption, stated with its reasoning; the
+/// datasheet numbers live in [`crate::DeviceSpec`] and [`ClusterSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Fraction of peak FLOP/s that matmuls and attention of a very wide layer reach. Chosen so
+    /// that a 4096-wide LLM lands near 50% model FLOP utilisation overall, as Megatron-LM
+    /// reports for large dense models (Narayanan et al., SC'21: 52% of peak on A100).
+    pub gemm_efficiency: f64,
+    /// Hidden size at which matmul efficiency halves (efficiency × h / (h + this)): narrower
+    /// layers run shorter, less efficient kernels. Assumption.
+    pub hidden_half: f64,
+    /// Matmul rows (tokens per GPU) at which efficiency halves: tiny batches cannot fill the
+    /// GPU. Assumption.
+    pub rows_half: f64,
+    /// SM fraction that saturates HBM bandwidth (`a_sat`). Assumption: about half of an H100's
+    /// SMs keep enough loads in flight to saturate HBM.
+    pub bw_saturation: f64,
+    /// Fraction of peak HBM bandwidth that streaming kernels reach. Assumption.
+    pub hbm_efficiency: f64,
+    /// Fraction of the link bandwidth NCCL's ring all-reduce reaches (bus bandwidth).
+    /// Assumption.
+    pub link_efficiency: f64,
+    /// Latency of one ring step over NVLink, in µs. Assumption.
+    pub nvlink_hop_us: f64,
+    /// Latency of one ring step over InfiniBand, in µs. Assumption.
+    pub ib_hop_us: f64,
+    /// Fraction of the gradient reduction hidden behind the backward pass: the reduce-scatter
+    /// half overlaps in buckets, the all-gather of updated weights does not. Assumption.
+    pub comm_overlap: f64,
+    /// Host time per training step outside the layers (loss, optimizer launch, stream
+    /// switches), ms. Assumption (eager PyTorch).
+    pub launch_step_ms: f64,
+    /// Host time to launch one layer's forward and backward kernels, ms. Assumption: ~50
+    /// kernels at ~12 µs of eager PyTorch each.
+    pub launch_layer_ms: f64,
+    /// Memory per module outside weights, state and activations (cuBLAS workspace, allocator
+    /// slack), GiB. Assumption.
+    pub workspace_gib: f64,
+    /// Interference coefficients of Eq. 8 (relative slowdown), assumed until `mosaic fit`
+    /// measures them: a small constant cost of sharing a GPU (e1), a small linear term in the
+    /// summed bandwidth utilisation (e2), and a large product term (e3) so that two
+    /// bandwidth-heavy modules slow each other down noticeably (two at B = 0.8: +48%) while two
+    /// compute-bound ones barely do (two at B = 0.2: +6%).
+    pub interference: Interference,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            gemm_efficiency: 0.72,
+            hidden_half: 450.0,
+            rows_half: 128.0,
+            bw_saturation: 0.5,
+            hbm_efficiency: 0.85,
+            link_efficiency: 0.8,
+            nvlink_hop_us: 6.0,
+            ib_hop_us: 15.0,
+            comm_overlap: 0.5,
+            launch_step_ms: 2.0,
+            launch_layer_ms: 0.6,
+            workspace_gib: 0.5,
+            interference: Interference {
+                e1: 0.02,
+                e2: 0.05,
+                e3: 0.6,
+            },
+        }
+    }
+}
+
+/// One module's predicted iteration on `dp` GPUs at SM quota `sm`, with its breakdown.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Module name.
+    pub module: String,
+    /// Data-parallel degree.
+    pub dp: u32,
+    /// SM quota per GPU.
+    pub sm: f64,
+    /// Samples per GPU: ⌈global batch / dp⌉.
+    pub micro_batch: u32,
+    /// Whether the layers are recomputed to fit the activations.
+    pub recompute: bool,
+    /// FLOPs per GPU per iteration.
+    pub flops: f64,
+    /// HBM bytes per GPU per iteration.
+    pub hbm_bytes: f64,
+    /// Time of matmuls and attention, ms.
+    pub gemm_ms: f64,
+    /// Time of memory-bound kernels and the optimizer, ms.
+    pub memory_ms: f64,
+    /// Host launch time (a floor on the GPU time), ms.
+    pub launch_ms: f64,
+    /// Exposed gradient-reduction time, ms.
+    pub comm_ms: f64,
+    /// Iteration time: max(gemm + memory, launch) + comm, ms.
+    pub time_ms: f64,
+    /// Memory per GPU, GiB.
+    pub mem_gib: f64,
+    /// Achieved FLOP/s over the quota's peak, in [0, 1].
+    pub sm_util: f64,
+    /// Achieved HBM bandwidth over the GPU's peak, in [0, 1].
+    pub bw_util: f64,
+}
+
+impl Estimate {
+    /// The profile sample of this estimate.
+    pub fn sample(&self) -> Sample {
+        Sample {
+            dp: self.dp,
+            sm: self.sm,
+            time_ms: self.time_ms,
+            mem_gib: self.mem_gib,
+            sm_util: self.sm_util,
+            bw_util: self.bw_util,
+        }
+    }
+}
+
+impl Calibration {
+    /// Predicts module `module` (an index into `model.modules`) of `model` on `dp` GPUs of
+    /// `cluster` with SM quota `sm`, at the paper's batch for the cluster.
+    ///
+    /// # Panics
+    /// If `module` is out of range, `dp` is 0 or `sm` is not in (0, 1].
+    pub fn estimate(
+        &self,
+        model: &ModelSpec,
+        module: usize,
+        cluster: &ClusterSpec,
+        dp: u32,
+        sm: f64,
+    ) -> Estimate {
+        assert!(dp >= 1, "dp must be at least 1");
+        assert!(sm > 0.0 && sm <= 1.0, "sm must be in (0, 1]");
+        let spec = &model.modules[module];
+        let w = Workload::of(spec);
+        let capacity = cluster.device.memory_gib;
+        let batch = model.batch_on(cluster);
+        let b = batch.div_ceil(dp);
+        // A frozen module still propagates gradients when a trainable module feeds it.
+        let input_grad = !spec.trainable
+            && spec
+                .after
+                .iter()
+                .any(|p| model.module(p).is_some_and(|parent| parent.trainable));
+        let keeps_activations = spec.trainable || input_grad;
+        let plain = self.memory(&w, spec.trainable, keeps_activations, false, b, dp);
+        let recompute = keeps_activations && plain > capacity;
+        let mem_gib = if recompute {
+            self.memory(&w, spec.trainable, true, true, b, dp)
+        } else {
+            plain
+        };
+
+        let dev = &cluster.device;
+        let bf = b as f64;
+        // Forward = 1, activation gradients = 1, weight gradients = 1 (× forward FLOPs).
+        let passes = if spec.trainable {
+            3.0
+        } else if input_grad {
+            2.0
+        } else {
+            1.0
+        } + if recompute { 1.0 } else { 0.0 };
+        let flops = bf * w.fwd_flops * passes;
+        let h = spec.hidden as f64;
+        let rows = bf * w.rows;
+        let efficiency =
+            self.gemm_efficiency * h / (h + self.hidden_half) * rows / (rows + self.rows_half);
+        let rate = sm * dev.peak_tflops * 1e12 * efficiency;
+        let bw = dev.hbm_tbps * 1e12 * self.hbm_efficiency * (sm / self.bw_saturation).min(1.0);
+
+        let weight_reads = if passes > 1.0 { 2.0 } else { 1.0 };
+        let gemm_bytes = BF16 * w.matmul_weights * weight_reads + bf * w.fwd_gemm_bytes * passes;
+        let gemm_s = if flops > 0.0 {
+            (flops / rate).max(gemm_bytes / bw)
+        } else {
+            gemm_bytes / bw
+        };
+        // Logits: written in bf16, read and upcast to fp32 for the loss, gradient written back.
+        let logit_bytes = if keeps_activations { 12.0 } else { 2.0 };
+        let (grad_bytes, optimizer_bytes) = if spec.trainable {
+            // Gradient buffer written and read (reduction, clipping); AdamW on this replica's
+            // shard: read fp32 master, m, v and the bf16 gradient, write them and the bf16
+            // weight (28 bytes per parameter).
+            (2.0 * BF16 * w.params, 28.0 * w.params / dp as f64)
+        } else {
+            (0.0, 0.0)
+        };
+        let memory_bytes = bf * w.fwd_elem_bytes * passes
+            + bf * w.logits * logit_bytes
+            + grad_bytes
+            + optimizer_bytes;
+        let memory_s = memory_bytes / bw;
+        let launch_s = (self.launch_step_ms * if spec.trainable { 1.0 } else { 0.5 }
+            + self.launch_layer_ms * w.launch_layers * passes / 3.0)
+            / 1e3;
+        let compute_s = (gemm_s + memory_s).max(launch_s);
+
+        let comm_s = if spec.trainable && dp > 1 {
+            let d = dp as f64;
+            // NVLink's datasheet figure counts both directions; a ring uses one.
+            let nvlink = cluster.nvlink_gbps / 2.0;
+            let (bus, hop) = if dp <= cluster.gpus_per_node {
+                (nvlink, self.nvlink_hop_us)
+            } else {
+                // Across nodes NCCL runs one ring per NIC, each crossing the node boundary
+                // through its own NIC, so a node's GPUs share its aggregate InfiniBand
+                // bandwidth (8 × 50 GB/s on the paper's nodes); NVLink still carries the
+                // intra-node hops.
+                let ib = cluster.ib_gbps * cluster.gpus_per_node as f64;
+                (ib.min(nvlink), self.ib_hop_us)
+            };
+            let ring = 2.0 * (d - 1.0) / d * BF16 * w.params / (bus * 1e9 * self.link_efficiency)
+                + 2.0 * (d - 1.0) * hop * 1e-6;
+            // The backward share of the step (launch-bound or not) hides part of the reduction;
+            // a faster step hides less, but never more than it saves.
+            let backward_s = compute_s * (passes - 1.0) / passes;
+            ring - self.comm_overlap * ring.min(backward_s)
+        } else {
+            0.0
+        };
+        let time_s = compute_s + comm_s;
+        let hbm_bytes = gemm_bytes + memory_bytes;
+        Estimate {
+            module: spec.name.clone(),
+            dp,
+            sm,
+            micro_batch: b,
+            recompute,
+            flops,
+            hbm_bytes,
+            gemm_ms: gemm_s * 1e3,
+            memory_ms: memory_s * 1e3,
+            launch_ms: launch_s * 1e3,
+            comm_ms: comm_s * 1e3,
+            time_ms: time_s * 1e3,
+            mem_gib,
+            sm_util: (flops / time_s / (sm * dev.peak_tflops * 1e12)).clamp(0.0, 1.0),
+            bw_util: (hbm_bytes / time_s / (dev.hbm_tbps * 1e12)).clamp(0.0, 1.0),
+        }
+    }
+
+    /// Memory per GPU in GiB for `b` samples per GPU.
+    fn memory(
+        &self,
+        w: &Workload,
+        trainable: bool,
+        keeps_activations: bool,
+        recompute: bool,
+        b: u32,
+        dp: u32,
+    ) -> f64 {
+        let bf = b as f64;
+        let weights = BF16 * w.resident_weights;
+        let state = if trainable {
+            // bf16 gradients + fp32 master, m, v sharded over the replicas.
+            BF16 * w.params + 12.0 * w.params / dp as f64
+        } else {
+            0.0
+        };
+        let activations = match (keeps_activations, recompute) {
+            (true, false) => bf * w.stored_bytes,
+            (true, true) => bf * (w.checkpoint_bytes + w.layer_bytes),
+            // Forward only: about two layers' activations alive at a time.
+            (false, _) => bf * 2.0 * w.layer_bytes,
+        };
+        // Logits in bf16 plus their fp32 copy for the loss.
+        let logits = bf * w.logits * 6.0;
+        (weights + state + activations + logits) / GIB + self.workspace_gib
+    }
+
+    /// The profile of every module of `model` on `cluster` at the paper's grid: `dp` at powers
+    /// of two up to the cluster's GPUs and the global batch, `sm` at 0.1, 0.2, …, 1.0 (§3.3).
+    pub fn profile(&self, model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
+        let batch = model.batch_on(cluster);
+        let dps: Vec<u32> = (0..32)
+            .map(|k| 1u32 << k)
+            .take_while(|&d| d <= cluster.gpus() && d <= batch)
+            .collect();
+        let modules = model
+            .modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ModuleProfile {
+                name: m.name.clone(),
+                after: m.after.clone(),
+                samples: dps
+                    .iter()
+                    .flat_map(|&dp| {
+                        (1..=10).map(move |k| self.estimate(model, i, cluster, dp, k as f64 / 10.0))
+                    })
+                    .map(|e| e.sample())
+                    .collect(),
+            })
+            .collect();
+        ProfileFile {
+            format: FORMAT.to_string(),
+            device: Device {
+                name: cluster.device.name.clone(),
+                sm_count: cluster.device.sm_count,
+                memory_gib: cluster.device.memory_gib,
+            },
+            modules,
+            interference: self.interference,
+            source: Some(format!(
+                "mosaic-zoo analytical device model: {} on {} ({} × {}, {} node(s)), global batch \
+                 {batch}; interference coefficients assumed",
+                model.name,
+                cluster.name,
+                cluster.gpus(),
+                cluster.device.name,
+                cluster.nodes
+            )),
+        }
+    }
+}
+
+/// The analytical profile of `model` on `cluster` with the default [`Calibration`].
+pub fn profile(model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
+    Calibration::default().profile(model, cluster)
+}
