@@ -18,7 +18,8 @@
 //! - **Bounds**: (1) capacity: the quota units and memory the remaining modules need at least,
 //!   using only candidates faster than `best`, must fit in what is left; (2) interference: a
 //!   placed module's time is at least `T · (1 + e1 + e2 · ΣB)` on any GPU it already shares,
-//!   because later modules only add to ΣB and the product term is non-negative.
+//!   because later modules only add to ΣB and the product term is non-negative, and exactly
+//!   Eq. 8 on a GPU no later module can still fit on.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
 //! Invariant: the search visits, up to GPU relabelling, every allocation whose stage time is
@@ -69,6 +70,19 @@ pub fn stage_eval(problem: &Problem, set: ModuleSet, cutoff: f64) -> Option<Stag
             .then(a.cmp(&b))
     });
     let mut search = Search::new(problem, order, cutoff);
+    search.room_after = (0..search.order.len())
+        .map(|p| {
+            search.order[p + 1..]
+                .iter()
+                .fold((u32::MAX, f64::INFINITY), |(u, m), &x| {
+                    let list = &problem.cands[x].list;
+                    (
+                        list.iter().map(|c| c.units).fold(u, u32::min),
+                        list.iter().map(|c| c.mem_gib).fold(m, f64::min),
+                    )
+                })
+        })
+        .collect();
     if let Some((t, sol)) = search.greedy() {
         search.best = t;
         search.best_sol = Some(sol);
@@ -95,9 +109,11 @@ struct Search<'p> {
     bw_sum: Vec<f64>,
     free_units_total: u32,
     free_mem_total: f64,
-    /// Current partial assignment and each placed module's lower bound.
+    /// Current partial assignment.
     chosen: Solution,
-    lower: Vec<f64>,
+    /// `room_after[p]`: the fewest quota units and least memory any candidate of the modules
+    /// after position `p` needs on one GPU.
+    room_after: Vec<(u32, f64)>,
     best: f64,
     best_sol: Option<Solution>,
 }
@@ -122,7 +138,7 @@ impl<'p> Search<'p> {
             free_units_total: units * g as u32,
             free_mem_total: mem * g as f64,
             chosen: Vec::new(),
-            lower: Vec::new(),
+            room_after: Vec::new(),
             best: cutoff,
             best_sol: None,
         }
@@ -332,33 +348,11 @@ impl<'p> Search<'p> {
         }
         self.free_units_total -= c.area;
         self.free_mem_total -= c.dp as f64 * c.mem_gib;
-        let saved_lower = self.lower.clone();
-        self.lower.push(c.time_ms);
-        // Interference lower bounds on the GPUs just shared.
-        for &g in &gpus {
-            let g = g as usize;
-            if self.hosts[g].count_ones() >= 2 {
-                let delta = self.inter.e1 + self.inter.e2 * self.bw_sum[g];
-                let mut h = self.hosts[g];
-                while h != 0 {
-                    let p = h.trailing_zeros() as usize;
-                    h &= h - 1;
-                    let base = if p == pos {
-                        c.time_ms
-                    } else {
-                        self.cand(p, self.chosen[p].0).time_ms
-                    };
-                    self.lower[p] = self.lower[p].max(base * (1.0 + delta));
-                }
-            }
-        }
-        let bound = self.lower.iter().copied().fold(0.0, f64::max);
-        if bound < self.best {
-            self.chosen.push((idx, gpus.clone()));
+        self.chosen.push((idx, gpus.clone()));
+        if self.bound(pos) < self.best {
             self.dfs(pos + 1);
-            self.chosen.pop();
         }
-        self.lower = saved_lower;
+        self.chosen.pop();
         self.free_units_total += c.area;
         self.free_mem_total += c.dp as f64 * c.mem_gib;
         for &g in &gpus {
@@ -368,6 +362,42 @@ impl<'p> Search<'p> {
             self.hosts[g] &= !bit;
             self.bw_sum[g] -= c.bw_util;
         }
+    }
+
+    /// A lower bound on the stage time of any completion of the first `pos + 1` placements.
+    ///
+    /// Per GPU shared by two or more placed modules, Δ_g is at least e1 + e2·ΣB (later modules
+    /// only add to ΣB; the product term is non-negative) and exactly Eq. 8 once the GPU is
+    /// *closed*: no later module has a candidate small enough to join it.
+    fn bound(&self, pos: usize) -> f64 {
+        let (min_units, min_mem) = self.room_after[pos];
+        let delta: Vec<f64> = (0..self.hosts.len())
+            .map(|g| {
+                let h = self.hosts[g];
+                if h.count_ones() < 2 {
+                    0.0
+                } else if self.free_units[g] < min_units || self.free_mem[g] + MEM_EPS < min_mem {
+                    let mut prod = 1.0;
+                    let mut bits = h;
+                    while bits != 0 {
+                        let p = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        prod *= self.cand(p, self.chosen[p].0).bw_util;
+                    }
+                    self.inter.e1 + self.inter.e2 * self.bw_sum[g] + self.inter.e3 * prod
+                } else {
+                    self.inter.e1 + self.inter.e2 * self.bw_sum[g]
+                }
+            })
+            .collect();
+        self.chosen
+            .iter()
+            .enumerate()
+            .map(|(p, (idx, gpus))| {
+                let worst = gpus.iter().map(|&g| delta[g as usize]).fold(0.0, f64::max);
+                self.cand(p, *idx).time_ms * (1.0 + worst)
+            })
+            .fold(0.0, f64::max)
     }
 
     fn finish(&self, set: ModuleSet, sol: Solution) -> StageAlloc {
