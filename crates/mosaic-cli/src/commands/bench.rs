@@ -131,8 +131,10 @@ pub fn run(args: Args) -> Result<()> {
             rows.push(measure(spec.name.clone(), &[model], cluster.gpus(), &args));
         }
     }
+    let stage_rows = stage_eval_rows(&args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let all = serde_json::json!({"plans": rows, "stage_eval": stage_rows});
+        println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
     println!(
@@ -152,5 +154,62 @@ pub fn run(args: Args) -> Result<()> {
             opt(r.gahc_over_exact_max, 4)
         );
     }
+    println!(
+        "\n{:<34} {:>7} {:>4} {:>14}",
+        "StageEval of one stage", "modules", "gpus", "median ms"
+    );
+    for r in stage_rows {
+        println!(
+            "{:<34} {:>7} {:>4} {:>14.3}",
+            r.case, r.modules, r.gpus, r.median_ms
+        );
+    }
     Ok(())
+}
+
+/// One StageEval timing.
+#[derive(serde::Serialize)]
+struct StageRow {
+    case: String,
+    modules: usize,
+    gpus: u32,
+    median_ms: f64,
+}
+
+/// Times StageEval alone on the widest stage of the zoo: all of a model's source modules
+/// (those with no producer) sharing the pool, solved from scratch each time.
+fn stage_eval_rows(args: &Args) -> Result<Vec<StageRow>> {
+    let mut rows = Vec::new();
+    for name in ["imagebind", "ofasys"] {
+        let spec = mosaic_zoo::model(name)?;
+        for cluster in ["h100x8", "h100x32"] {
+            let cluster = mosaic_zoo::cluster(cluster)?;
+            let model = PerfModel::new(&mosaic_zoo::profile(&spec, &cluster), 0.1, name)?;
+            let problem = mosaic_plan::Problem::new(&model, cluster.gpus())?;
+            let sources = model
+                .modules
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.parents.is_empty())
+                .fold(mosaic_profile::ModuleSet::EMPTY, |s, (i, _)| {
+                    s.union(mosaic_profile::ModuleSet::single(i))
+                });
+            let times: Vec<f64> = (0..args.repeats.max(1))
+                .map(|_| {
+                    let t = Instant::now();
+                    let alloc = mosaic_plan::stage_eval(&problem, sources, f64::INFINITY);
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    assert!(alloc.is_some(), "the sources of a zoo model fit their pool");
+                    ms
+                })
+                .collect();
+            rows.push(StageRow {
+                case: format!("{name}: its {} source modules", sources.len()),
+                modules: sources.len(),
+                gpus: cluster.gpus(),
+                median_ms: median(times),
+            });
+        }
+    }
+    Ok(rows)
 }
