@@ -12,6 +12,13 @@ fn mosaic(args: &[&str]) -> Output {
         .expect("the mosaic binary runs")
 }
 
+/// Runs a command that must succeed and print JSON, and returns the JSON.
+fn json_of(args: &[&str]) -> Value {
+    let o = mosaic(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("stdout is JSON")
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -74,7 +81,8 @@ fn plans_the_example_file_as_a_table() {
 #[test]
 fn plans_a_built_in_model_as_json_and_writes_the_file() {
     let path = temp("plan.json");
-    let o = mosaic(&[
+    let out = path.to_str().unwrap();
+    let printed = json_of(&[
         "plan",
         "--model",
         "ofasys",
@@ -82,10 +90,8 @@ fn plans_a_built_in_model_as_json_and_writes_the_file() {
         "h100x8",
         "--json",
         "--out",
-        path.to_str().unwrap(),
+        out,
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(printed, written);
     let modules = mosaic_zoo::model("ofasys").unwrap().modules.len();
@@ -97,18 +103,17 @@ fn plans_a_built_in_model_as_json_and_writes_the_file() {
 fn exact_is_never_worse_than_gahc() {
     let ex = example();
     let run = |search: &str| -> f64 {
-        let o = mosaic(&[
+        let ex = ex.to_str().unwrap();
+        let plan = json_of(&[
             "plan",
             "--profiles",
-            ex.to_str().unwrap(),
+            ex,
             "--gpus",
             "8",
             "--json",
             "--search",
             search,
         ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(plan["search"], search);
         plan["iteration_ms"].as_f64().unwrap()
     };
@@ -118,6 +123,7 @@ fn exact_is_never_worse_than_gahc() {
 #[test]
 fn profile_writes_a_file_the_planner_reads() {
     let path = temp("clip.json");
+    let path = path.to_str().unwrap();
     let o = mosaic(&[
         "profile",
         "--model",
@@ -125,19 +131,10 @@ fn profile_writes_a_file_the_planner_reads() {
         "--cluster",
         "h100x8",
         "--out",
-        path.to_str().unwrap(),
+        path,
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = mosaic(&[
-        "plan",
-        "--profiles",
-        path.to_str().unwrap(),
-        "--gpus",
-        "4",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let plan = json_of(&["plan", "--profiles", path, "--gpus", "4", "--json"]);
     assert_eq!(plan["gpus"], 4);
 }
 
@@ -205,7 +202,7 @@ fn rand_suffix() -> u128 {
 fn small_file_plans() {
     let path = temp("small.json");
     std::fs::write(&path, small().to_string()).unwrap();
-    let o = mosaic(&[
+    let plan = json_of(&[
         "plan",
         "--profiles",
         path.to_str().unwrap(),
@@ -213,8 +210,7 @@ fn small_file_plans() {
         "2",
         "--json",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_valid_plan(&serde_json::from_slice(&o.stdout).unwrap(), 3, 2);
+    assert_valid_plan(&plan, 3, 2);
 }
 
 #[test]
