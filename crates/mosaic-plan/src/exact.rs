@@ -110,7 +110,7 @@ pub fn exact(
             let stage = ModuleSet(sub);
             sub = (sub - 1) & avail.0;
             ticks += 1;
-            if ticks % 1024 == 0 && Instant::now() >= deadline {
+            if ticks.is_multiple_of(1024) && Instant::now() >= deadline {
                 return Err(Timeout);
             }
             let next = done.union(stage);
