@@ -40,26 +40,37 @@ pub struct Loaded {
     pub label: String,
     /// The file name (or `model@cluster`) errors name.
     pub name: String,
+    /// The built-in model, when the profiles come from the zoo.
+    pub zoo_model: Option<String>,
+    /// The built-in cluster, when one was named.
+    pub cluster: Option<String>,
 }
 
 impl Source {
     /// Loads the profiles and builds the performance model.
     pub fn load(&self) -> Result<Loaded> {
+        let mut zoo_model = None;
+        let mut cluster_name = None;
         let (file, name, default_gpus, label) = match (&self.profiles, &self.model) {
             (Some(path), _) => {
                 let file = mosaic_profile::load(path)?;
                 let cluster_gpus = match &self.cluster {
-                    Some(c) => Some(mosaic_zoo::cluster(c)?.gpus()),
+                    Some(c) => {
+                        let cluster = mosaic_zoo::cluster(c)?;
+                        cluster_name = Some(cluster.name.clone());
+                        Some(cluster.gpus())
+                    }
                     None => None,
                 };
                 (file, path.display().to_string(), cluster_gpus, path.display().to_string())
             }
             (None, Some(model)) => {
-                let cluster_name = self.cluster.as_deref().unwrap_or_default();
                 let spec = mosaic_zoo::model(model)?;
-                let cluster = mosaic_zoo::cluster(cluster_name)?;
+                let cluster = mosaic_zoo::cluster(self.cluster.as_deref().unwrap_or_default())?;
                 let file = mosaic_zoo::profile(&spec, &cluster);
                 let label = format!("{} on {}", spec.name, cluster.name);
+                zoo_model = Some(spec.name.clone());
+                cluster_name = Some(cluster.name.clone());
                 (file, format!("{}@{}", spec.name, cluster.name), Some(cluster.gpus()), label)
             }
             (None, None) => {
@@ -92,6 +103,8 @@ impl Source {
             gpus,
             label,
             name,
+            zoo_model,
+            cluster: cluster_name,
         })
     }
 }

@@ -26,6 +26,12 @@ pub struct Plan {
     pub device: String,
     /// Quota step as a fraction of a GPU.
     pub granularity: f64,
+    /// The built-in model the profiles describe, when planned from the zoo (`--model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The built-in cluster planned for, when given (`--cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Stages in execution order.
     pub stages: Vec<PlanStage>,
 }
@@ -112,6 +118,8 @@ impl Plan {
             gpus,
             device: model.device.name.clone(),
             granularity: g,
+            model: None,
+            cluster: None,
             stages,
         }
     }

@@ -49,7 +49,7 @@ pub fn run(args: Args) -> Result<()> {
         search,
         budget: Duration::from_millis(args.time_budget),
     };
-    let plan = solve(&input.model, input.gpus, &opts).map_err(|e| {
+    let mut plan = solve(&input.model, input.gpus, &opts).map_err(|e| {
         let field = match &e {
             mosaic_plan::PlanError::Unplaceable { module, .. } => input
                 .model
@@ -60,6 +60,8 @@ pub fn run(args: Args) -> Result<()> {
         };
         anyhow::Error::from(e).context(format!("{}{field}: no plan", input.name))
     })?;
+    plan.model = input.zoo_model.clone();
+    plan.cluster = input.cluster.clone();
     let json = serde_json::to_string_pretty(&plan)? + "\n";
     if let Some(out) = &args.out {
         std::fs::write(out, &json).with_context(|| format!("cannot write {}", out.display()))?;
