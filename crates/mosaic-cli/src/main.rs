@@ -29,6 +29,10 @@ enum Command {
     Zoo(commands::zoo::Args),
     /// Measure planning speed and GAHC's quality against the exact search.
     Bench(commands::bench::Args),
+    /// Compare Mosaic with Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain on the same profiles and cluster.
+    Compare(commands::compare::Args),
+    /// Execute a plan in the event-driven simulator: iteration time, utilisation, a Chrome trace and an SVG picture.
+    Simulate(commands::simulate::Args),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +42,8 @@ fn main() -> ExitCode {
         Command::Profile(a) => commands::profile::run(a),
         Command::Zoo(a) => commands::zoo::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Compare(a) => commands::compare::run(a),
+        Command::Simulate(a) => commands::simulate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -49,6 +55,7 @@ fn main() -> ExitCode {
             let bad_input = e.downcast_ref::<input::BadInput>().is_some()
                 || e.downcast_ref::<mosaic_profile::ProfileError>().is_some()
                 || e.downcast_ref::<mosaic_zoo::ZooError>().is_some()
+                || e.downcast_ref::<mosaic_sim::SimError>().is_some()
                 || matches!(
                     e.downcast_ref::<mosaic_plan::PlanError>(),
                     Some(

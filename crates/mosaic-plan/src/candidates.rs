@@ -120,6 +120,7 @@ mod tests {
             time_ms,
             mem_gib: 1.0,
             bw_util: bw,
+            sm_util: 0.5,
         }
     }
 

@@ -19,6 +19,8 @@
 //! // Interpolated linearly in the quota between the profiled 0.5 and 1.0.
 //! let option = vision.options.iter().find(|o| o.dp == 1 && o.units == 7).unwrap();
 //! assert!((option.time_ms - 84.0).abs() < 1e-9);
+//! // So is the achieved SM utilisation: 0.9 at 0.5, 0.8 at 1.0.
+//! assert!((option.sm_util - 0.86).abs() < 1e-9);
 //! ```
 
 mod error;

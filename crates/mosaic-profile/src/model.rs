@@ -82,6 +82,10 @@ pub struct QuotaOption {
     pub mem_gib: f64,
     /// Predicted bandwidth utilisation B(m, sm).
     pub bw_util: f64,
+    /// Predicted achieved SM utilisation of the quota, in [0, 1] (the profiled `sm_util`,
+    /// interpolated like the other fields): the fraction of the replica's SM-time that does
+    /// work, used to report GPU utilisation.
+    pub sm_util: f64,
 }
 
 /// A module as the planner sees it.
@@ -242,8 +246,8 @@ fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
                 continue;
             };
             let hi = row[k];
-            let (time_ms, mem_gib, bw_util) = if (hi.sm - a).abs() <= eps {
-                (hi.time_ms, hi.mem_gib, hi.bw_util)
+            let (time_ms, mem_gib, bw_util, sm_util) = if (hi.sm - a).abs() <= eps {
+                (hi.time_ms, hi.mem_gib, hi.bw_util, hi.sm_util)
             } else if k == 0 {
                 continue; // below the smallest profiled quota: never extrapolate
             } else {
@@ -254,6 +258,7 @@ fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
                     lerp(lo.time_ms, hi.time_ms),
                     lerp(lo.mem_gib, hi.mem_gib),
                     lerp(lo.bw_util, hi.bw_util),
+                    lerp(lo.sm_util, hi.sm_util),
                 )
             };
             out.push(QuotaOption {
@@ -263,6 +268,7 @@ fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
                 time_ms,
                 mem_gib,
                 bw_util,
+                sm_util,
             });
         }
     }

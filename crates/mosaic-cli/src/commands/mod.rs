@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod compare;
 pub mod plan;
 pub mod profile;
+pub mod simulate;
 pub mod zoo;

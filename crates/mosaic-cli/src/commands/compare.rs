@@ -1,0 +1,235 @@
+//! `mosaic compare`: Mosaic against Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain on
+//! the same profiles and pool.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use anyhow::Result;
+use mosaic_compare::{compare, CompareError, CompareOptions, Strategy, StrategyResult};
+use mosaic_plan::PlanError;
+use serde::Serialize;
+
+use crate::input::{BadInput, Loaded, Source};
+
+/// The value of the `format` field of `mosaic compare --json`.
+pub const COMPARE_FORMAT: &str = "mosaic-compare/1";
+
+/// Arguments of `mosaic compare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    source: Source,
+    /// Milliseconds each exact stage search (Mosaic's and DistMM's) may take before GAHC's
+    /// plan is used.
+    #[arg(long, default_value_t = 2000)]
+    time_budget: u64,
+    /// Print the comparison as JSON (the input, notes, and one row per strategy with its plan).
+    #[arg(long)]
+    json: bool,
+    /// Spindle: synchronisation cost of each extra slice of a module, in ms.
+    #[arg(long, default_value_t = 2.0)]
+    slice_sync_ms: f64,
+    /// DistTrain: fixed cost of a module's step that every microbatch pays again, in ms.
+    #[arg(long, default_value_t = 2.0)]
+    step_overhead_ms: f64,
+    /// The global batch the profiles were taken at (bounds DistTrain's microbatches; default:
+    /// the built-in model's batch on the cluster, unknown for --profiles).
+    #[arg(long)]
+    global_batch: Option<u32>,
+}
+
+/// The `--json` document.
+#[derive(Serialize)]
+struct Report<'a> {
+    format: &'static str,
+    input: InputInfo<'a>,
+    notes: Vec<String>,
+    rows: Vec<Row<'a>>,
+}
+
+/// What was compared.
+#[derive(Serialize)]
+struct InputInfo<'a> {
+    label: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<&'a str>,
+    device: &'a str,
+    gpus: u32,
+    granularity: f64,
+    max_profiled_dp: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global_batch: Option<u32>,
+}
+
+/// One strategy's row: its result and how much faster Mosaic (exact) is.
+#[derive(Serialize)]
+struct Row<'a> {
+    #[serde(flatten)]
+    result: &'a StrategyResult,
+    /// This row's time over Mosaic (exact)'s.
+    mosaic_exact_speedup: f64,
+}
+
+/// Runs `mosaic compare`.
+pub fn run(args: Args) -> Result<()> {
+    for (flag, v) in [
+        ("--slice-sync-ms", args.slice_sync_ms),
+        ("--step-overhead-ms", args.step_overhead_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(BadInput(format!("{flag}: expected a time ≥ 0 in ms, found {v}")).into());
+        }
+    }
+    if args.global_batch == Some(0) {
+        return Err(BadInput("--global-batch: expected at least 1 sample".into()).into());
+    }
+    let input = args.source.load()?;
+    let global_batch = match args.global_batch {
+        Some(b) => Some(b),
+        None => zoo_batch(&input)?,
+    };
+    let opts = CompareOptions {
+        budget: Duration::from_millis(args.time_budget),
+        slice_sync_ms: args.slice_sync_ms,
+        step_overhead_ms: args.step_overhead_ms,
+        global_batch,
+    };
+    let rows = compare(&input.model, input.gpus, &opts).map_err(|e| match e {
+        CompareError::NoGpus
+        | CompareError::NoWholeGpu { .. }
+        | CompareError::Plan {
+            source: PlanError::Unplaceable { .. },
+            ..
+        } => anyhow::Error::from(BadInput(format!("{}: {e}", input.name))),
+        other => anyhow::Error::from(other).context(format!("{}: no comparison", input.name)),
+    })?;
+    let mosaic_ms = rows
+        .iter()
+        .find(|r| r.strategy == Strategy::MosaicExact)
+        .map(|r| r.iteration_ms)
+        .expect("compare reports Mosaic (exact)");
+    let max_dp = input
+        .model
+        .modules
+        .iter()
+        .flat_map(|m| m.options.iter().map(|o| o.dp))
+        .max()
+        .unwrap_or(1);
+    let mut notes = Vec::new();
+    if max_dp < input.gpus {
+        notes.push(format!(
+            "the profiles go up to dp {max_dp}: dp values that were not profiled are not \
+             candidates, so no module runs on more than {max_dp} of the {} GPUs",
+            input.gpus
+        ));
+    }
+    notes.push(match global_batch {
+        Some(b) => {
+            format!("DistTrain: global batch {b}, every replica gets ≥ 1 sample per microbatch")
+        }
+        None => format!(
+            "DistTrain: global batch unknown, at most {} microbatches (give --global-batch)",
+            mosaic_compare::DEFAULT_MAX_MICROBATCHES
+        ),
+    });
+    let speedup = |r: &StrategyResult| r.iteration_ms / mosaic_ms;
+    if args.json {
+        let report = Report {
+            format: COMPARE_FORMAT,
+            input: InputInfo {
+                label: &input.label,
+                model: input.zoo_model.as_deref(),
+                cluster: input.cluster.as_deref(),
+                device: &input.model.device.name,
+                gpus: input.gpus,
+                granularity: input.model.granularity(),
+                max_profiled_dp: max_dp,
+                global_batch,
+            },
+            notes,
+            rows: rows
+                .iter()
+                .map(|r| Row {
+                    result: r,
+                    mosaic_exact_speedup: speedup(r),
+                })
+                .collect(),
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", table(&input, &rows, mosaic_ms, &notes));
+    }
+    Ok(())
+}
+
+/// The built-in model's global batch on its cluster, when the profiles come from the zoo.
+fn zoo_batch(input: &Loaded) -> Result<Option<u32>> {
+    Ok(match (&input.zoo_model, &input.cluster) {
+        (Some(model), Some(cluster)) => {
+            Some(mosaic_zoo::model(model)?.batch_on(&mosaic_zoo::cluster(cluster)?))
+        }
+        _ => None,
+    })
+}
+
+/// The comparison as a table.
+fn table(input: &Loaded, rows: &[StrategyResult], mosaic_ms: f64, notes: &[String]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: {} × {}, SM quota step {}\n",
+        input.label,
+        input.gpus,
+        input.model.device.name,
+        input.model.granularity()
+    );
+    let name = |r: &StrategyResult| {
+        if r.pipelined {
+            format!("{} †", r.name)
+        } else {
+            r.name.clone()
+        }
+    };
+    let w = rows
+        .iter()
+        .map(|r| name(r).chars().count())
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    let _ = writeln!(
+        s,
+        "{:<w$}  {:>10}  {:>9}  {:>9}  {:>8}  plan",
+        "strategy", "time ms", "Mosaic ×", "mean util", "min util"
+    );
+    for r in rows {
+        let n = name(r);
+        let pad = w - n.chars().count();
+        let _ = writeln!(
+            s,
+            "{n}{:pad$}  {:>10.1}  {:>8.2}×  {:>8.1}%  {:>7.1}%  {}",
+            "",
+            r.iteration_ms,
+            r.iteration_ms / mosaic_ms,
+            100.0 * r.mean_util,
+            100.0 * r.min_util,
+            r.description
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n† pipelined: time per global batch (DistTrain: 1F1B with fill and drain; FlowTrain: \
+         steady state)\nMosaic × is Mosaic (exact)'s speedup over the row; utilisation is \
+         quota × time × profiled sm_util over the time, per GPU"
+    );
+    for r in rows {
+        if let Some(note) = &r.note {
+            let _ = writeln!(s, "{}: {note}", r.name);
+        }
+    }
+    for n in notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}

@@ -1,0 +1,184 @@
+//! `mosaic simulate`: a plan in, its simulated execution out (summary, JSON report, Chrome
+//! trace, SVG picture).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use mosaic_sim::SimReport;
+
+use crate::input::BadInput;
+use crate::render::gpu_ranges;
+
+/// Arguments of `mosaic simulate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A mosaic-plan/1 file (`mosaic plan --out`).
+    #[arg(long)]
+    plan: PathBuf,
+    /// A built-in cluster to run on (default: the plan's `cluster`).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// The built-in model the plan places (default: the plan's `model`).
+    #[arg(long)]
+    model: Option<String>,
+    /// Write the timeline as a Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Write a picture of the simulated plan as SVG.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Print the full report (with every slice) as JSON instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `mosaic simulate`.
+pub fn run(args: Args) -> Result<()> {
+    let plan = mosaic_sim::load_plan(&args.plan)?;
+    let file = args.plan.display().to_string();
+    let model_name = args
+        .model
+        .as_deref()
+        .or(plan.model.as_deref())
+        .ok_or_else(|| {
+            BadInput(format!(
+            "{file}: the plan names no model (field `model`); give --model NAME (see `mosaic zoo`)"
+        ))
+        })?;
+    let cluster_name = args
+        .cluster
+        .as_deref()
+        .or(plan.cluster.as_deref())
+        .ok_or_else(|| {
+            BadInput(format!(
+                "{file}: the plan names no cluster (field `cluster`); give --cluster NAME (see \
+                 `mosaic zoo`)"
+            ))
+        })?;
+    let model = mosaic_zoo::model(model_name)?;
+    let cluster = mosaic_zoo::cluster(cluster_name)?;
+    for (what, planned, used) in [
+        ("model", &plan.model, &model.name),
+        ("cluster", &plan.cluster, &cluster.name),
+    ] {
+        if let Some(planned) = planned.as_ref().filter(|p| !p.eq_ignore_ascii_case(used)) {
+            eprintln!("note: {file} was planned for {what} {planned}; simulating it on {used}");
+        }
+    }
+    let report = mosaic_sim::simulate(&plan, &args.plan, &model, &cluster)?;
+
+    if let Some(path) = &args.trace {
+        let text = serde_json::to_string(&mosaic_sim::chrome_trace(&report))? + "\n";
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, mosaic_sim::svg(&report))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", summary(&report));
+        for (what, path) in [("trace", &args.trace), ("picture", &args.svg)] {
+            if let Some(p) = path {
+                println!("wrote the {what} to {}", p.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Signed percentage.
+fn pct(x: f64) -> String {
+    // No "-0.0%" for a difference below the last digit.
+    let x = if (1000.0 * x).round() == 0.0 { 0.0 } else { x };
+    format!("{:+.1}%", 100.0 * x)
+}
+
+/// The report as a readable summary.
+fn summary(r: &SimReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} on {} ({} × {}), plan {}\nsimulated iteration: {:.1} ms · plan predicted {:.1} ms · \
+         error {}\n",
+        r.model,
+        r.cluster,
+        r.gpus,
+        r.device,
+        r.plan,
+        r.iteration_ms,
+        r.predicted_ms,
+        pct(r.prediction_error)
+    );
+    let name_w = r
+        .stages
+        .iter()
+        .flat_map(|st| st.modules.iter().map(|m| m.name.len()))
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    for st in &r.stages {
+        let _ = writeln!(
+            s,
+            "stage {} · simulated {:.1} ms · predicted {:.1} ms · {}",
+            st.index + 1,
+            st.time_ms,
+            st.predicted_ms,
+            pct(st.error)
+        );
+        let _ = writeln!(
+            s,
+            "  {:<name_w$}  {:>3}  {:>5}  {:<12}  {:>9}  {:>8}  {:>8}  {:>8}  {:>9}  {:>9}",
+            "module",
+            "dp",
+            "quota",
+            "GPUs",
+            "predicted",
+            "alone",
+            "compute",
+            "reduce",
+            "simulated",
+            "slowdown"
+        );
+        for m in &st.modules {
+            let _ = writeln!(
+                s,
+                "  {:<name_w$}  {:>3}  {:>5.2}  {:<12}  {:>9.1}  {:>8.1}  {:>8.1}  {:>8.1}  {:>9.1}  {:>9}",
+                m.name,
+                m.dp,
+                m.sm,
+                gpu_ranges(&m.gpus),
+                m.predicted_ms,
+                m.alone_ms,
+                m.compute_ms,
+                m.allreduce_ms,
+                m.time_ms,
+                pct(m.slowdown)
+            );
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(
+        s,
+        "GPU utilisation (SM-time computing at full rate / SM-time): mean {:.0}%, min {:.0}%; \
+         occupancy (SM-time with a kernel resident) mean {:.0}%",
+        100.0 * r.mean_utilisation,
+        100.0 * r.min_utilisation,
+        100.0 * r.mean_occupancy
+    );
+    for row in r.gpu_utilisation.chunks(8) {
+        let cells: Vec<String> = row
+            .iter()
+            .map(|g| format!("GPU {:>2} {:>3.0}%", g.gpu, 100.0 * g.utilisation))
+            .collect();
+        let _ = writeln!(s, "  {}", cells.join("  "));
+    }
+    let _ = writeln!(
+        s,
+        "(times in ms; alone = the module by itself on its GPUs and links; slowdown = simulated / \
+         alone − 1)"
+    );
+    s
+}
