@@ -3,6 +3,7 @@
 //! Every subcommand is one step of the pipeline in DESIGN.md and reads or writes a versioned
 //! JSON file. Bad input exits with code 2 and one message naming the file and the field.
 
+mod chart;
 mod commands;
 mod input;
 mod render;
@@ -27,6 +28,8 @@ enum Command {
     Profile(commands::profile::Args),
     /// List the built-in models, devices and clusters.
     Zoo(commands::zoo::Args),
+    /// Run the paper's headline experiments: every zoo model, every strategy, 8 and 32 H100s.
+    Report(commands::report::Args),
     /// Measure planning speed and GAHC's quality against the exact search.
     Bench(commands::bench::Args),
     /// Compare Mosaic with Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain on the same profiles and cluster.
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Profile(a) => commands::profile::run(a),
         Command::Zoo(a) => commands::zoo::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Report(a) => commands::report::run(a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
     };

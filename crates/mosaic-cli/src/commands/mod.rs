@@ -4,5 +4,6 @@ pub mod bench;
 pub mod compare;
 pub mod plan;
 pub mod profile;
+pub mod report;
 pub mod simulate;
 pub mod zoo;
