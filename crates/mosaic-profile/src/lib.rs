@@ -23,11 +23,16 @@
 //! assert!((option.sm_util - 0.86).abs() < 1e-9);
 //! ```
 
+mod colocations;
 mod error;
 mod format;
 mod model;
 mod validate;
 
+pub use colocations::{
+    load_colocations, parse_colocations, ColocatedModule, Colocation, ColocationFile,
+    COLOCATIONS_FORMAT,
+};
 pub use error::ProfileError;
 pub use format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
 pub use model::{ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_MODULES};

@@ -20,39 +20,51 @@ pub fn load(path: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
 /// Parses and validates a profile file's text; `file` names it in errors.
 pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
     let file = file.as_ref();
-    // Check the version first, so that a file of another format gets that error and not a
-    // confusing complaint about its fields.
+    check_format(text, file, FORMAT)?;
+    let profiles: ProfileFile = deserialize(text, file)?;
+    validate(&profiles, file)?;
+    Ok(profiles)
+}
+
+/// Checks the `format` field first, so that a file of another format gets that error and not
+/// a confusing complaint about its fields.
+pub(crate) fn check_format(text: &str, file: &Path, expected: &str) -> Result<(), ProfileError> {
     if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) {
         match map.get("format") {
-            Some(serde_json::Value::String(f)) if f == FORMAT => {}
+            Some(serde_json::Value::String(f)) if f == expected => {}
             Some(other) => {
                 return Err(ProfileError::invalid(
                     file,
                     "format",
-                    format!("expected \"{FORMAT}\", found {other}"),
+                    format!("expected \"{expected}\", found {other}"),
                 ))
             }
             None => {
                 return Err(ProfileError::invalid(
                     file,
                     "format",
-                    format!("missing; expected \"{FORMAT}\""),
+                    format!("missing; expected \"{expected}\""),
                 ))
             }
         }
     }
+    Ok(())
+}
+
+/// Deserialises `text`, naming the path of the offending field on error.
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &Path,
+) -> Result<T, ProfileError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    let profiles: ProfileFile =
-        serde_path_to_error::deserialize(de).map_err(|e| ProfileError::Syntax {
-            file: file.to_path_buf(),
-            field: match e.path().to_string() {
-                p if p == "." => "(root)".to_string(),
-                p => p,
-            },
-            message: e.inner().to_string(),
-        })?;
-    validate(&profiles, file)?;
-    Ok(profiles)
+    serde_path_to_error::deserialize(de).map_err(|e| ProfileError::Syntax {
+        file: file.to_path_buf(),
+        field: match e.path().to_string() {
+            p if p == "." => "(root)".to_string(),
+            p => p,
+        },
+        message: e.inner().to_string(),
+    })
 }
 
 fn check(
