@@ -329,49 +329,6 @@ fn rebalance(runs: &mut [Run], whole: &[Vec<QuotaOption>], gpus: u32, sync_ms: f
     }
 }
 
-/// For each stage (in a valid order), the bitmask of the stages reachable from it through
-/// dependencies (as GAHC computes it).
-fn reachability(stages: &[StageSpec], model: &PerfModel) -> Vec<u64> {
-    let n = stages.len();
-    let mut reach = vec![0u64; n];
-    for i in (0..n).rev() {
-        for j in i + 1..n {
-            let feeds = stages[j]
-                .set
-                .iter()
-                .any(|m| !model.modules[m].parents.intersect(stages[i].set).is_empty());
-            if feeds {
-                reach[i] |= 1 << j | reach[j];
-            }
-        }
-    }
-    reach
-}
-
-/// Stages re-sorted so that every module's producers run in an earlier stage, keeping the
-/// current order on ties.
-fn topological(stages: Vec<StageSpec>, model: &PerfModel) -> Vec<StageSpec> {
-    let mut left: Vec<Option<StageSpec>> = stages.into_iter().map(Some).collect();
-    let mut done = ModuleSet::EMPTY;
-    let mut out = Vec::with_capacity(left.len());
-    while out.len() < left.len() {
-        let next = left
-            .iter()
-            .position(|s| {
-                s.as_ref().is_some_and(|s| {
-                    s.set
-                        .iter()
-                        .all(|m| model.modules[m].parents.is_subset(done))
-                })
-            })
-            .expect("legal merges keep the stage graph acyclic");
-        let s = left[next].take().expect("taken once");
-        done = done.union(s.set);
-        out.push(s);
-    }
-    out
-}
-
 /// Two stages as one: the longer stage's first wave leads, the other's modules wait.
 fn merge(a: &StageSpec, b: &StageSpec, whole: &[Vec<QuotaOption>]) -> StageSpec {
     let (lead, other) = if a.lead_ms >= b.lead_ms {
@@ -508,7 +465,7 @@ pub(crate) fn spindle_on(
     // Waves across stages: GAHC-style merging while it gains.
     let mut merges = 0;
     while stages.len() > 1 {
-        let reach = reachability(&stages, model);
+        let reach = mosaic_plan::order::reachability(model, &stages, |s| s.set);
         let mut best: Option<(f64, usize, usize, StageSpec)> = None;
         for x in 0..stages.len() {
             for y in x + 1..stages.len() {
@@ -530,7 +487,7 @@ pub(crate) fn spindle_on(
         merges += 1;
         stages[x] = merged;
         stages.remove(y);
-        stages = topological(stages, model);
+        stages = mosaic_plan::order::topological(model, stages, |s| s.set);
         times = stages.iter().map(time).collect();
     }
 

@@ -19,6 +19,7 @@ use std::rc::Rc;
 use mosaic_profile::ModuleSet;
 
 use crate::cache::StageCache;
+use crate::order;
 use crate::stage_eval::StageAlloc;
 use crate::PlanError;
 
@@ -35,7 +36,7 @@ pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
         );
     }
     while stages.len() > 1 {
-        let reach = reachability(&stages, model);
+        let reach = order::reachability(model, &stages, |s| s.set);
         let mut best_gain = 0.0;
         let mut best: Option<(usize, usize, Rc<StageAlloc>)> = None;
         for x in 0..stages.len() {
@@ -54,51 +55,7 @@ pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
         let Some((x, y, merged)) = best else { break };
         stages[x] = merged;
         stages.remove(y);
-        stages = topological(stages, model);
+        stages = order::topological(model, stages, |s| s.set);
     }
     Ok(stages)
-}
-
-/// For each stage (in a valid order), the bitmask of stages reachable from it.
-fn reachability(stages: &[Rc<StageAlloc>], model: &mosaic_profile::PerfModel) -> Vec<u64> {
-    let n = stages.len();
-    let mut reach = vec![0u64; n];
-    for i in (0..n).rev() {
-        for j in i + 1..n {
-            let feeds = stages[j]
-                .set
-                .iter()
-                .any(|m| !model.modules[m].parents.intersect(stages[i].set).is_empty());
-            if feeds {
-                reach[i] |= 1 << j | reach[j];
-            }
-        }
-    }
-    reach
-}
-
-/// Re-sorts stages topologically by their dependencies, keeping the current order on ties.
-pub(crate) fn topological(
-    stages: Vec<Rc<StageAlloc>>,
-    model: &mosaic_profile::PerfModel,
-) -> Vec<Rc<StageAlloc>> {
-    let mut done = ModuleSet::EMPTY;
-    let mut left: Vec<Option<Rc<StageAlloc>>> = stages.into_iter().map(Some).collect();
-    let mut out = Vec::with_capacity(left.len());
-    while out.len() < left.len() {
-        let next = left
-            .iter()
-            .position(|s| {
-                s.as_ref().is_some_and(|s| {
-                    s.set
-                        .iter()
-                        .all(|m| model.modules[m].parents.is_subset(done))
-                })
-            })
-            .expect("legal merges keep the stage graph acyclic");
-        let s = left[next].take().expect("taken once");
-        done = done.union(s.set);
-        out.push(s);
-    }
-    out
 }

@@ -33,6 +33,7 @@ mod candidates;
 mod error;
 pub mod exact;
 pub mod gahc;
+pub mod order;
 mod plan;
 pub mod stage_eval;
 pub mod synthetic;
