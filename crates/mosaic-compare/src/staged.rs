@@ -47,14 +47,7 @@ pub fn megatron(model: &PerfModel, gpus: u32) -> Result<StrategyResult, CompareE
                 time_ms: o.time_ms,
                 placements: vec![Placement {
                     module: m,
-                    choice: Candidate {
-                        dp: o.dp,
-                        units: o.units,
-                        time_ms: o.time_ms,
-                        mem_gib: o.mem_gib,
-                        bw_util: o.bw_util,
-                        area: o.dp * o.units,
-                    },
+                    choice: Candidate::from(&o),
                     gpus: (0..o.dp).collect(),
                     time_ms: o.time_ms,
                 }],

@@ -19,6 +19,19 @@ pub struct Candidate {
     pub area: u32,
 }
 
+impl From<&QuotaOption> for Candidate {
+    fn from(o: &QuotaOption) -> Self {
+        Candidate {
+            dp: o.dp,
+            units: o.units,
+            time_ms: o.time_ms,
+            mem_gib: o.mem_gib,
+            bw_util: o.bw_util,
+            area: o.dp * o.units,
+        }
+    }
+}
+
 /// A module's candidates sorted by time, with prefix minima for the capacity bounds.
 #[derive(Debug, Clone)]
 pub struct Candidates {
@@ -48,14 +61,7 @@ impl Candidates {
                     && p.bw_util <= o.bw_util
             });
             if !dominated {
-                list.push(Candidate {
-                    dp: o.dp,
-                    units: o.units,
-                    time_ms: o.time_ms,
-                    mem_gib: o.mem_gib,
-                    bw_util: o.bw_util,
-                    area: o.dp * o.units,
-                });
+                list.push(Candidate::from(o));
             }
         }
         list.sort_by(|a, b| a.time_ms.total_cmp(&b.time_ms).then(a.area.cmp(&b.area)));
