@@ -36,6 +36,8 @@ enum Command {
     Compare(commands::compare::Args),
     /// Execute a plan in the event-driven simulator: iteration time, utilisation, a Chrome trace and an SVG picture.
     Simulate(commands::simulate::Args),
+    /// Fit the interference coefficients to colocation measurements and report the model's accuracy.
+    Fit(commands::fit::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Report(a) => commands::report::run(a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::Fit(a) => commands::fit::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
                 || e.downcast_ref::<mosaic_profile::ProfileError>().is_some()
                 || e.downcast_ref::<mosaic_zoo::ZooError>().is_some()
                 || e.downcast_ref::<mosaic_sim::SimError>().is_some()
+                || e.downcast_ref::<mosaic_fit::FitError>().is_some()
                 || matches!(
                     e.downcast_ref::<mosaic_plan::PlanError>(),
                     Some(

@@ -73,6 +73,7 @@
 
 #![warn(missing_docs)]
 
+mod colocations;
 mod engine;
 mod error;
 mod report;
@@ -86,6 +87,7 @@ use std::path::Path;
 use mosaic_plan::Plan;
 use mosaic_zoo::{Calibration, ClusterSpec, ModelSpec};
 
+pub use colocations::{random_colocations, MAX_COLOCATED};
 pub use error::SimError;
 pub use report::{
     GpuReport, ModuleReport, Phase, SimReport, Slice, StageReport, TimelinePoint, REPORT_FORMAT,

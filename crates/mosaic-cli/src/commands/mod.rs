@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod compare;
+pub mod fit;
 pub mod plan;
 pub mod profile;
 pub mod report;

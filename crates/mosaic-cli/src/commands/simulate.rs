@@ -1,5 +1,6 @@
 //! `mosaic simulate`: a plan in, its simulated execution out (summary, JSON report, Chrome
-//! trace, SVG picture).
+//! trace, SVG picture); or, with `--colocations N`, N random colocations measured on one
+//! simulated GPU (the data `mosaic fit` fits the interference term to).
 
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -14,8 +15,8 @@ use crate::render::gpu_ranges;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A mosaic-plan/1 file (`mosaic plan --out`).
-    #[arg(long)]
-    plan: PathBuf,
+    #[arg(long, required_unless_present = "colocations")]
+    plan: Option<PathBuf>,
     /// A built-in cluster to run on (default: the plan's `cluster`).
     #[arg(long)]
     cluster: Option<String>,
@@ -31,12 +32,35 @@ pub struct Args {
     /// Print the full report (with every slice) as JSON instead of a summary.
     #[arg(long)]
     json: bool,
+    /// Instead of a plan, measure N random colocations of --model's modules on one GPU of
+    /// --cluster and write them (mosaic-colocations/1) to --out, for `mosaic fit`.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with_all = ["plan", "trace", "svg", "json"],
+        requires = "out",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    colocations: Option<u64>,
+    /// Where --colocations writes its file.
+    #[arg(long, requires = "colocations")]
+    out: Option<PathBuf>,
+    /// Seed of --colocations' random draws (the same seed gives the same file).
+    #[arg(long, default_value_t = 1, requires = "colocations")]
+    seed: u64,
 }
 
 /// Runs `mosaic simulate`.
 pub fn run(args: Args) -> Result<()> {
-    let plan = mosaic_sim::load_plan(&args.plan)?;
-    let file = args.plan.display().to_string();
+    if let Some(n) = args.colocations {
+        return colocations(&args, n as usize);
+    }
+    let plan_path = args
+        .plan
+        .clone()
+        .expect("clap requires --plan without --colocations");
+    let plan = mosaic_sim::load_plan(&plan_path)?;
+    let file = plan_path.display().to_string();
     let model_name = args
         .model
         .as_deref()
@@ -66,7 +90,7 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("note: {file} was planned for {what} {planned}; simulating it on {used}");
         }
     }
-    let report = mosaic_sim::simulate(&plan, &args.plan, &model, &cluster)?;
+    let report = mosaic_sim::simulate(&plan, &plan_path, &model, &cluster)?;
 
     if let Some(path) = &args.trace {
         let text = serde_json::to_string(&mosaic_sim::chrome_trace(&report))? + "\n";
@@ -86,6 +110,46 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `--colocations N`: random colocations of the zoo model on one simulated GPU, to `--out`.
+fn colocations(args: &Args, n: usize) -> Result<()> {
+    let (Some(model), Some(cluster)) = (&args.model, &args.cluster) else {
+        return Err(BadInput(
+            "--colocations: give the built-in --model NAME and --cluster NAME to measure (see \
+             `mosaic zoo`)"
+                .into(),
+        )
+        .into());
+    };
+    let model = mosaic_zoo::model(model)?;
+    let cluster = mosaic_zoo::cluster(cluster)?;
+    let name = format!("{}@{}", model.name, cluster.name);
+    let perf = mosaic_profile::PerfModel::new(&mosaic_zoo::profile(&model, &cluster), 0.1, &name)?;
+    let file = mosaic_sim::random_colocations(&model, &cluster, &perf, n, args.seed);
+    let out = args
+        .out
+        .as_ref()
+        .expect("clap requires --out with --colocations");
+    let json = serde_json::to_string_pretty(&file)? + "\n";
+    std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
+    let most = file
+        .samples
+        .iter()
+        .map(|s| s.modules.len())
+        .max()
+        .unwrap_or(0);
+    println!(
+        "wrote {} colocations of {} on one {} GPU of {} (2–{most} modules each, dp 1, quota \
+         step 0.1, seed {}) to {}",
+        file.samples.len(),
+        model.name,
+        cluster.device.name,
+        cluster.name,
+        args.seed,
+        out.display()
+    );
     Ok(())
 }
 

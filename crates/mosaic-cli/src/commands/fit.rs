@@ -1,0 +1,412 @@
+//! `mosaic fit`: colocation measurements in, the interference coefficients of Eq. 8 out, with
+//! the performance model's accuracy (Mosaic §3.3 Fig. 8b, §5.3.2 Fig. 12a/12b).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use mosaic_fit::{FitReport, Model, ProfilingCost, SurfaceAccuracy};
+use mosaic_plan::{solve, SolveOptions};
+use mosaic_profile::{Interference, PerfModel, ProfileFile};
+use serde::Serialize;
+
+use crate::input::BadInput;
+
+/// Quota step of the end-to-end plans (the planner's default).
+const PLAN_GRANULARITY: f64 = 0.1;
+
+/// Arguments of `mosaic fit`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The mosaic-profiles/1 file the measurements are fitted against.
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    profiles: Option<PathBuf>,
+    /// A built-in model (see `mosaic zoo`), profiled by the analytical device model. Also
+    /// checks the sparse surface against the dense device model and plans the model with each
+    /// fitted model, executing the plans in the simulator (Fig. 12b).
+    #[arg(long, requires = "cluster")]
+    model: Option<String>,
+    /// The built-in cluster of --model, e.g. h100x8.
+    #[arg(long, requires = "model")]
+    cluster: Option<String>,
+    /// The mosaic-colocations/1 measurements (`mosaic simulate --colocations N --out FILE`).
+    #[arg(long)]
+    colocations: PathBuf,
+    /// Write the profiles with the full model's fitted coefficients to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write the predicted-vs-measured scatter plot of the held-out samples as SVG.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Print the whole result as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Hold out every N-th sample to test on (the rest is fitted).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = mosaic_fit::HOLDOUT_EVERY,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..)
+    )]
+    holdout_every: usize,
+    /// GPUs of the end-to-end plans (default: the cluster's).
+    #[arg(long, requires = "model")]
+    gpus: Option<u32>,
+    /// Skip the end-to-end comparison of --model.
+    #[arg(long)]
+    no_end_to_end: bool,
+}
+
+/// The scaling-surface checks.
+#[derive(Debug, Serialize)]
+struct Surface {
+    /// Leave-one-out at the profiled interior quotas.
+    leave_one_out: SurfaceAccuracy,
+    /// Against the dense device model at every unprofiled 1 % quota (zoo models only).
+    dense: Option<SurfaceAccuracy>,
+    /// Sparse vs dense profiling cost.
+    cost: ProfilingCost,
+}
+
+/// One model's plan, executed (Fig. 12b).
+#[derive(Debug, Serialize)]
+struct EndToEnd {
+    model: Model,
+    interference: Interference,
+    stages: usize,
+    search: String,
+    /// The planner's iteration time with this model's coefficients, ms.
+    predicted_ms: f64,
+    /// The simulator's iteration time of that plan, ms.
+    simulated_ms: f64,
+    /// `simulated_ms` over the unaware plan's.
+    normalized: f64,
+}
+
+/// Everything `--json` prints.
+#[derive(Debug, Serialize)]
+struct Output {
+    profiles: String,
+    colocations: String,
+    fit: FitReport,
+    surface: Surface,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    end_to_end: Option<Vec<EndToEnd>>,
+}
+
+/// Runs `mosaic fit`.
+pub fn run(args: Args) -> Result<()> {
+    let zoo = match (&args.model, &args.cluster) {
+        (Some(m), Some(c)) => Some((mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?)),
+        _ => None,
+    };
+    let (profile, name): (ProfileFile, String) = match (&args.profiles, &zoo) {
+        (Some(path), _) => (mosaic_profile::load(path)?, path.display().to_string()),
+        (None, Some((model, cluster))) => (
+            mosaic_zoo::profile(model, cluster),
+            format!("{}@{}", model.name, cluster.name),
+        ),
+        (None, None) => {
+            return Err(BadInput(
+                "no profiles: give --profiles FILE, or --model NAME --cluster NAME".into(),
+            )
+            .into())
+        }
+    };
+    let colocations = mosaic_profile::load_colocations(&args.colocations)?;
+    let perf = PerfModel::new(&profile, mosaic_fit::LOOKUP_GRANULARITY, &name)?;
+    let obs = mosaic_fit::observations(&perf, &colocations, &args.colocations)?;
+    let report = mosaic_fit::evaluate(&obs, args.holdout_every);
+
+    let truth = zoo.as_ref().map(|(model, cluster)| {
+        let cal = mosaic_zoo::Calibration::default();
+        move |i: usize, dp: u32, sm: f64| cal.estimate(model, i, cluster, dp, sm).time_ms
+    });
+    let surface = Surface {
+        leave_one_out: mosaic_fit::leave_one_out(&profile),
+        dense: truth
+            .as_ref()
+            .map(|t| mosaic_fit::dense_error(&profile, mosaic_fit::DENSE_STEP, t)),
+        cost: mosaic_fit::profiling_cost(
+            &profile,
+            mosaic_fit::DENSE_STEP,
+            None,
+            mosaic_fit::PROFILED_ITERATIONS,
+            truth.as_ref().map(|t| t as &dyn Fn(usize, u32, f64) -> f64),
+        ),
+    };
+
+    let end_to_end = match &zoo {
+        Some((model, cluster)) if !args.no_end_to_end => {
+            let gpus = args.gpus.unwrap_or(cluster.gpus());
+            Some(end_to_end(&profile, &report, model, cluster, gpus)?)
+        }
+        _ => None,
+    };
+
+    if let Some(out) = &args.out {
+        let fitted = mosaic_fit::write_fitted(&profile, report.model(Model::Full).interference);
+        let json = serde_json::to_string_pretty(&fitted)? + "\n";
+        std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "{name}: predicted vs measured, {} {} colocations ({})",
+            if report.held_out {
+                report.test_samples
+            } else {
+                report.samples
+            },
+            if report.held_out {
+                "held-out"
+            } else {
+                "fitted"
+            },
+            args.colocations.display()
+        );
+        let svg = mosaic_fit::scatter_svg(&title, &mosaic_fit::scatter_series(&report, &obs));
+        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+
+    let output = Output {
+        profiles: name,
+        colocations: args.colocations.display().to_string(),
+        fit: report,
+        surface,
+        end_to_end,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        print!("{}", summary(&output));
+        if let Some(p) = &args.out {
+            println!(
+                "wrote {} (the profiles with the full model's coefficients)",
+                p.display()
+            );
+        }
+        if let Some(p) = &args.svg {
+            println!("wrote the scatter plot to {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// Plans `model` with each fitted model's coefficients and executes each plan (Fig. 12b).
+fn end_to_end(
+    profile: &ProfileFile,
+    report: &FitReport,
+    model: &mosaic_zoo::ModelSpec,
+    cluster: &mosaic_zoo::ClusterSpec,
+    gpus: u32,
+) -> Result<Vec<EndToEnd>> {
+    let opts = SolveOptions {
+        budget: Duration::from_millis(5000),
+        ..SolveOptions::default()
+    };
+    let mut rows: Vec<EndToEnd> = Vec::new();
+    for m in Model::ALL {
+        let e = report.model(m).interference;
+        let name = format!("{}@{} ({} model)", model.name, cluster.name, m.name());
+        let perf = PerfModel::new(
+            &mosaic_fit::write_fitted(profile, e),
+            PLAN_GRANULARITY,
+            &name,
+        )?;
+        let mut plan = solve(&perf, gpus, &opts).with_context(|| format!("{name}: no plan"))?;
+        plan.model = Some(model.name.clone());
+        plan.cluster = Some(cluster.name.clone());
+        let sim = mosaic_sim::simulate(&plan, &name, model, cluster)?;
+        rows.push(EndToEnd {
+            model: m,
+            interference: e,
+            stages: plan.stages.len(),
+            search: plan.search.clone(),
+            predicted_ms: plan.iteration_ms,
+            simulated_ms: sim.iteration_ms,
+            normalized: 1.0,
+        });
+    }
+    let base = rows[0].simulated_ms;
+    for r in &mut rows {
+        r.normalized = r.simulated_ms / base;
+    }
+    Ok(rows)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", 100.0 * x)
+}
+
+fn r2(x: Option<f64>) -> String {
+    x.map_or("n/a".into(), |v| format!("{v:.3}"))
+}
+
+/// The result as readable tables.
+fn summary(o: &Output) -> String {
+    let mut s = String::new();
+    let f = &o.fit;
+    let split = if f.held_out {
+        format!(
+            "fitted on {}, tested on {} held-out samples (every {}th)",
+            f.train_samples, f.test_samples, f.holdout_every
+        )
+    } else {
+        format!(
+            "all {} fitted and tested on (fewer than {} samples: nothing held out)",
+            f.samples, f.holdout_every
+        )
+    };
+    let _ = writeln!(
+        s,
+        "interference fit: {} colocations ({}) against {}\n{split}\nheld-out measured slowdown \
+         (time / f_m(dp, sm) − 1): mean {}, max {}\n",
+        f.samples,
+        o.colocations,
+        o.profiles,
+        pct(f.mean_slowdown),
+        pct(f.max_slowdown)
+    );
+    let w = Model::ALL
+        .iter()
+        .map(|m| m.describe().chars().count())
+        .max()
+        .unwrap_or(10);
+    let _ = writeln!(
+        s,
+        "{:<w$}  {:>7}  {:>7}  {:>7}  {:>8}  {:>11}  {:>8}  {:>8}",
+        "model (fitted; held-out accuracy)",
+        "e1",
+        "e2",
+        "e3",
+        "R² time",
+        "R² slowdown",
+        "mean err",
+        "max err"
+    );
+    for m in &f.models {
+        let e = m.interference;
+        let _ = writeln!(
+            s,
+            "{:<w$}  {:>7.4}  {:>7.4}  {:>7.4}  {:>8}  {:>11}  {:>8}  {:>8}",
+            m.model.describe(),
+            e.e1,
+            e.e2,
+            e.e3,
+            m.test.r2.map_or("n/a".into(), |v| format!("{v:.6}")),
+            r2(m.test.r2_slowdown),
+            pct(m.test.mean_rel_err),
+            pct(m.test.max_rel_err)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "best slowdown R² any GPU-wide Δ (one Δ for all modules of a colocation, as Eq. 8) \
+         could reach on these samples: {}",
+        r2(f.ceiling_r2_slowdown)
+    );
+    let _ = writeln!(
+        s,
+        "\nheld-out mean (max) relative error by co-located modules (Fig. 12a):"
+    );
+    let _ = writeln!(
+        s,
+        "{:>7}  {:>7}  {:>13}  {:>15}  {:>15}  {:>15}",
+        "modules", "samples", "mean slowdown", "unaware", "additive", "full"
+    );
+    let groups = &f.model(Model::Unaware).by_modules;
+    for (g, b) in groups.iter().enumerate() {
+        let cell = |m: Model| {
+            let a = f.model(m).by_modules[g].accuracy;
+            format!("{} ({})", pct(a.mean_rel_err), pct(a.max_rel_err))
+        };
+        let _ = writeln!(
+            s,
+            "{:>7}  {:>7}  {:>13}  {:>15}  {:>15}  {:>15}",
+            b.modules,
+            b.samples,
+            pct(b.mean_slowdown),
+            cell(Model::Unaware),
+            cell(Model::Additive),
+            cell(Model::Full)
+        );
+    }
+
+    let sf = &o.surface;
+    let worst = |a: &SurfaceAccuracy| {
+        a.worst.as_ref().map_or(String::new(), |p| {
+            format!(
+                " (worst: {} at dp {} quota {:.2}: {:.2} ms interpolated vs {:.2} ms)",
+                p.module, p.dp, p.sm, p.interpolated_ms, p.actual_ms
+            )
+        })
+    };
+    let l = &sf.leave_one_out;
+    let _ = writeln!(
+        s,
+        "\nscaling surface (§3.3), linear in the quota between profiled quotas of one dp:\n  \
+         leave-one-out at {} interior profiled points: mean {}, max {}{}",
+        l.points,
+        pct(l.mean_rel_err),
+        pct(l.max_rel_err),
+        worst(l)
+    );
+    if let Some(d) = &sf.dense {
+        let _ = writeln!(
+            s,
+            "  against the device model at every unprofiled 1% quota: {} points, mean {}, max {}{}",
+            d.points,
+            pct(d.mean_rel_err),
+            pct(d.max_rel_err),
+            worst(d)
+        );
+    }
+    let c = &sf.cost;
+    let _ = writeln!(
+        s,
+        "  profiling cost ({} iterations per point, one after another): sparse grid {} points, \
+         {:.0} s; dense grid (dp 1–{}, every {}% quota) {} points, {:.0} s{}: {:.1}× the time, \
+         {:.1}× the points",
+        c.iterations,
+        c.sparse_points,
+        c.sparse_s,
+        c.max_dp,
+        (c.dense_step * 100.0).round(),
+        c.dense_points,
+        c.dense_s,
+        if c.dense_estimated {
+            " (estimated from the sparse surface)"
+        } else {
+            ""
+        },
+        c.time_ratio,
+        c.point_ratio
+    );
+
+    if let Some(rows) = &o.end_to_end {
+        let _ = writeln!(
+            s,
+            "\nend to end (Fig. 12b): {} planned with each model's coefficients, each plan \
+             executed in the simulator",
+            o.profiles
+        );
+        let _ = writeln!(
+            s,
+            "{:<w$}  {:>6}  {:>12}  {:>12}  {:>10}",
+            "model", "stages", "predicted ms", "simulated ms", "vs unaware"
+        );
+        for r in rows {
+            let _ = writeln!(
+                s,
+                "{:<w$}  {:>6}  {:>12.1}  {:>12.1}  {:>10.3}",
+                r.model.describe(),
+                r.stages,
+                r.predicted_ms,
+                r.simulated_ms,
+                r.normalized
+            );
+        }
+    }
+    s
+}

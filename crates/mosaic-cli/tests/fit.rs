@@ -1,0 +1,323 @@
+//! Drives `mosaic simulate --colocations` and `mosaic fit` as a user would: measure random
+//! colocations in the simulator, fit the interference term, plan with the fitted profile.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn mosaic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(args)
+        .output()
+        .expect("the mosaic binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh directory for one test.
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mosaic-fit-test-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// `mosaic simulate --colocations n` of OFASys on h100x8 into `dir/c.json`.
+fn colocations(dir: &Path, n: &str) -> PathBuf {
+    let out = dir.join("c.json");
+    let o = mosaic(&[
+        "simulate",
+        "--colocations",
+        n,
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--out",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("wrote {n} colocations of ofasys")),
+        "{}",
+        stdout(&o)
+    );
+    out
+}
+
+#[test]
+fn fits_simulated_colocations_and_the_planner_reads_the_result() {
+    let d = dir("ofasys");
+    let c = colocations(&d, "200");
+    let file = read_json(&c);
+    assert_eq!(file["format"], "mosaic-colocations/1");
+    assert_eq!(file["samples"].as_array().unwrap().len(), 200);
+    let (fitted, svg) = (d.join("fitted.json"), d.join("scatter.svg"));
+    let o = mosaic(&[
+        "fit",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--colocations",
+        s(&c),
+        "--out",
+        s(&fitted),
+        "--svg",
+        s(&svg),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    let fit = &r["fit"];
+    assert_eq!(fit["format"], "mosaic-fit/1");
+    assert_eq!(
+        (fit["train_samples"].as_u64(), fit["test_samples"].as_u64()),
+        (Some(160), Some(40))
+    );
+    let model = |name: &str| {
+        fit["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["model"] == name)
+            .unwrap_or_else(|| panic!("model {name}"))
+            .clone()
+    };
+    let (unaware, additive, full) = (model("unaware"), model("additive"), model("full"));
+    let r2 = |m: &Value, which: &str| m["test"][which].as_f64().unwrap();
+    // Held out, the full model explains the slowdowns better than additive-only, which beats
+    // ignoring interference (slowdown R²: times span three decades, so their R² is ≈ 1 for
+    // all three and the full model is still ahead of additive-only there).
+    assert!(
+        r2(&full, "r2_slowdown") >= r2(&additive, "r2_slowdown")
+            && r2(&additive, "r2_slowdown") >= r2(&unaware, "r2_slowdown"),
+        "{fit:#}"
+    );
+    assert!(r2(&full, "r2") >= r2(&additive, "r2"), "{fit:#}");
+    for m in [&unaware, &additive, &full] {
+        for k in ["e1", "e2", "e3"] {
+            assert!(m["interference"][k].as_f64().unwrap() >= 0.0);
+        }
+        let counts: Vec<u64> = m["by_modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["modules"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            counts,
+            (2..=8).collect::<Vec<u64>>(),
+            "Fig. 12a's 2 to 8 modules"
+        );
+    }
+    assert_eq!(additive["interference"]["e3"], 0.0);
+    // The surface checks, with the dense device model as the truth.
+    let surface = &r["surface"];
+    assert!(surface["leave_one_out"]["points"].as_u64().unwrap() > 0);
+    assert!(surface["dense"]["points"].as_u64().unwrap() > 0);
+    assert_eq!(surface["cost"]["dense_estimated"], false);
+    assert!(surface["cost"]["time_ratio"].as_f64().unwrap() > 5.0);
+    // Fig. 12b: one plan per model, executed.
+    let e2e = r["end_to_end"].as_array().unwrap();
+    assert_eq!(e2e.len(), 3);
+    assert_eq!(e2e[0]["normalized"], 1.0);
+    assert!(e2e
+        .iter()
+        .all(|x| x["simulated_ms"].as_f64().unwrap() > 0.0));
+
+    // The fitted profile carries the full model's coefficients and plans.
+    let p = read_json(&fitted);
+    assert_eq!(p["interference"], full["interference"]);
+    assert!(p["source"]
+        .as_str()
+        .unwrap()
+        .contains("fitted to colocation measurements"));
+    let o = mosaic(&["plan", "--profiles", s(&fitted), "--gpus", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("predicted iteration"));
+    let pic = std::fs::read_to_string(&svg).unwrap();
+    assert!(pic.starts_with("<svg") && pic.contains("full Eq. 8") && pic.contains("y = x"));
+
+    // The table: coefficients, the three models, Fig. 12a's rows, the surface, Fig. 12b.
+    let o = mosaic(&[
+        "fit",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--colocations",
+        s(&c),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for want in [
+        "fitted on 160, tested on 40 held-out samples",
+        "interference-unaware",
+        "additive only",
+        "full Eq. 8",
+        "by co-located modules",
+        "leave-one-out",
+        "against the device model",
+        "profiling cost",
+        "end to end (Fig. 12b)",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+}
+
+#[test]
+fn fits_against_a_profile_file() {
+    let d = dir("file");
+    let c = colocations(&d, "30");
+    let profile = d.join("p.json");
+    let o = mosaic(&[
+        "profile",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--out",
+        s(&profile),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mosaic(&[
+        "fit",
+        "--profiles",
+        s(&profile),
+        "--colocations",
+        s(&c),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r.get("end_to_end").is_none(), "no zoo model, no simulation");
+    assert!(r["surface"]["dense"].is_null());
+    assert_eq!(r["surface"]["cost"]["dense_estimated"], true);
+    assert_eq!(r["fit"]["test_samples"], 6);
+}
+
+#[test]
+fn bad_colocations_exit_2_naming_the_field() {
+    let d = dir("bad");
+    let c = colocations(&d, "5");
+    let mut file = read_json(&c);
+    let fit = |path: &Path| {
+        mosaic(&[
+            "fit",
+            "--model",
+            "ofasys",
+            "--cluster",
+            "h100x8",
+            "--colocations",
+            s(path),
+            "--no-end-to-end",
+        ])
+    };
+    let bad = d.join("bad.json");
+
+    file["samples"][2]["modules"][1]["name"] = "lidar".into();
+    std::fs::write(&bad, file.to_string()).unwrap();
+    let o = fit(&bad);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("field `samples[2].modules[1].name`: unknown module \"lidar\""),
+        "{}",
+        stderr(&o)
+    );
+
+    let mut file = read_json(&c);
+    file["samples"][0]["modules"][0]["dp"] = 3.into();
+    std::fs::write(&bad, file.to_string()).unwrap();
+    let o = fit(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("field `samples[0].modules[0]`: (dp 3"),
+        "{}",
+        stderr(&o)
+    );
+
+    let mut file = read_json(&c);
+    file["device"] = "A100-SXM4-80GB".into();
+    std::fs::write(&bad, file.to_string()).unwrap();
+    let o = fit(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("field `device`"), "{}", stderr(&o));
+
+    let mut file = read_json(&c);
+    file["format"] = "mosaic-plan/1".into();
+    std::fs::write(&bad, file.to_string()).unwrap();
+    let o = fit(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("field `format`"), "{}", stderr(&o));
+
+    let o = fit(&d.join("missing.json"));
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn simulate_colocations_needs_a_model_and_an_out_file() {
+    let d = dir("args");
+    let out = d.join("c.json");
+    let o = mosaic(&["simulate", "--colocations", "10", "--out", s(&out)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--model"), "{}", stderr(&o));
+    let o = mosaic(&[
+        "simulate",
+        "--colocations",
+        "10",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "--out is required");
+    let o = mosaic(&[
+        "simulate",
+        "--colocations",
+        "0",
+        "--model",
+        "ofasys",
+        "--cluster",
+        "h100x8",
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "at least one colocation");
+    let o = mosaic(&["simulate"]);
+    assert_eq!(o.status.code(), Some(2), "--plan or --colocations");
+    // The same seed gives the same file; another seed another one.
+    let (a, b, c) = (d.join("a.json"), d.join("b.json"), d.join("c2.json"));
+    for (p, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
+        let o = mosaic(&[
+            "simulate",
+            "--colocations",
+            "20",
+            "--model",
+            "clip",
+            "--cluster",
+            "h100x8",
+            "--seed",
+            seed,
+            "--out",
+            s(p),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(read_json(&a), read_json(&b));
+    assert_ne!(read_json(&a), read_json(&c));
+}
