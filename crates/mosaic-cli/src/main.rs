@@ -38,6 +38,16 @@ enum Command {
     Simulate(commands::simulate::Args),
     /// Fit the interference coefficients to colocation measurements and report the model's accuracy.
     Fit(commands::fit::Args),
+    /// Train a built-in engine model by a plan on this machine.
+    #[cfg(feature = "engine")]
+    Train(commands::train::Args),
+    /// Train a built-in engine model by a plan (not in this build: rebuild with --features engine).
+    #[cfg(not(feature = "engine"))]
+    #[command(disable_help_flag = true)]
+    Train {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +61,15 @@ fn main() -> ExitCode {
         Command::Compare(a) => commands::compare::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Fit(a) => commands::fit::run(a),
+        #[cfg(feature = "engine")]
+        Command::Train(a) => commands::train::run(a),
+        #[cfg(not(feature = "engine"))]
+        Command::Train { .. } => Err(input::BadInput(
+            "this mosaic was built without the engine: rebuild with `cargo build --release -p \
+             mosaic-cli --features engine` (it compiles the candle ML framework)"
+                .into(),
+        )
+        .into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -297,3 +297,11 @@ fn a_module_needing_more_gpus_than_the_pool_is_refused() {
         "{err}"
     );
 }
+
+#[cfg(not(feature = "engine"))]
+#[test]
+fn train_without_the_engine_says_how_to_get_it() {
+    let o = mosaic(&["train", "--model", "clip-tiny", "--steps", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--features engine"), "{}", stderr(&o));
+}

@@ -7,4 +7,6 @@ pub mod plan;
 pub mod profile;
 pub mod report;
 pub mod simulate;
+#[cfg(feature = "engine")]
+pub mod train;
 pub mod zoo;

@@ -1,0 +1,334 @@
+//! Drives `mosaic train` as a user would: JSON logs, plans from the planner and by hand, bad
+//! input, the slot bench, and a run killed with SIGKILL that resumes bit for bit.
+#![cfg(feature = "engine")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn mosaic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(args)
+        .output()
+        .expect("the mosaic binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A fresh directory for one test.
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mosaic-train-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The JSON lines of a `--json-log` run.
+fn events(o: &Output) -> Vec<Value> {
+    assert!(o.status.success(), "{}", stderr(o));
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect()
+}
+
+/// `(step, loss bits)` of the step events.
+fn losses(events: &[Value]) -> Vec<(u64, u32)> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .map(|e| {
+            (
+                e["step"].as_u64().unwrap(),
+                (e["loss"].as_f64().unwrap() as f32).to_bits(),
+            )
+        })
+        .collect()
+}
+
+/// A hand-written plan for clip-tiny: both towers in one stage with 2 replicas at half the
+/// machine each, then align with 2 replicas.
+fn staged_plan(d: &Path) -> PathBuf {
+    let path = d.join("staged.json");
+    let o = mosaic(&["train", "--model", "clip-tiny", "--write-plan", s(&path)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut plan: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let module = |name: &str, dp: u32, sm: f64| {
+        serde_json::json!({"name": name, "dp": dp, "sm": sm, "gpus": (0..dp).collect::<Vec<_>>(),
+                           "time_ms": 0.0, "base_ms": 0.0, "mem_gib": 0.0})
+    };
+    plan["stages"] = serde_json::json!([
+        {"time_ms": 0.0, "gpu_quota": [], "modules": [module("vision", 2, 0.5), module("text", 2, 0.5)]},
+        {"time_ms": 0.0, "gpu_quota": [], "modules": [module("align", 2, 1.0)]},
+    ]);
+    std::fs::write(&path, plan.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn trains_with_a_json_log() {
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "omni-tiny",
+        "--steps",
+        "4",
+        "--json-log",
+    ]);
+    let ev = events(&o);
+    assert_eq!(ev.len(), 6, "start, 4 steps, done: {ev:?}");
+    assert_eq!(ev[0]["event"], "start");
+    assert_eq!(ev[0]["resumed_from"], Value::Null);
+    assert_eq!(ev[0]["schedule"]["stages"].as_array().unwrap().len(), 4);
+    assert_eq!(ev[0]["modules"][3]["name"], "backbone");
+    let steps = losses(&ev);
+    assert_eq!(steps.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert!(
+        ev[1]["stages"][0]["modules"][0]["forward_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(ev[5]["event"], "done");
+}
+
+#[test]
+fn a_zoo_plan_for_clip_drives_clip_tiny() {
+    let d = dir("zoo-plan");
+    let plan = d.join("clip.json");
+    let o = mosaic(&[
+        "plan",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--search",
+        "exact",
+        "--out",
+        s(&plan),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ev = events(&mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&plan),
+        "--steps",
+        "2",
+        "--json-log",
+    ]));
+    assert_eq!(losses(&ev).len(), 2);
+    // The planner's stages are followed.
+    let planned: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(
+        ev[0]["schedule"]["stages"].as_array().unwrap().len(),
+        planned["stages"].as_array().unwrap().len()
+    );
+}
+
+#[test]
+fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
+    let d = dir("bad");
+    let plan = staged_plan(&d);
+    let text = std::fs::read_to_string(&plan)
+        .unwrap()
+        .replace("\"text\"", "\"txt\"");
+    let wrong = d.join("wrong.json");
+    std::fs::write(&wrong, text).unwrap();
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&wrong),
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("wrong.json: field `stages[0].modules[1].name`"),
+        "{e}"
+    );
+    assert!(e.contains("unknown module \"txt\""), "{e}");
+
+    // A plan for the other model.
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "omni-tiny",
+        "--plan",
+        s(&plan),
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown module \"align\""),
+        "{}",
+        stderr(&o)
+    );
+
+    // Not a plan at all.
+    let junk = d.join("junk.json");
+    std::fs::write(&junk, r#"{"format": "mosaic-profiles/1"}"#).unwrap();
+    let o = mosaic(&["train", "--model", "clip-tiny", "--plan", s(&junk)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("field `format`"), "{}", stderr(&o));
+
+    for args in [
+        &["train", "--model", "llama-tiny"][..],
+        &["train", "--model", "clip-tiny", "--batch", "0"],
+        &[
+            "train",
+            "--model",
+            "clip-tiny",
+            "--plan",
+            s(&plan),
+            "--batch",
+            "1",
+        ],
+        &["train", "--model", "clip-tiny", "--checkpoint-every", "0"],
+    ] {
+        let o = mosaic(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_run_is_refused() {
+    let d = dir("other-ckpt");
+    let ck = d.join("ckpt");
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&ck),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(ck.join("checkpoint.safetensors").is_file());
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--seed",
+        "1",
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        s(&ck),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("field `seed`"), "{}", stderr(&o));
+    // The same run asked for fewer steps than done: nothing to do.
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&ck),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing to do"), "{}", stderr(&o));
+}
+
+#[test]
+fn the_slot_bench_prints_pooled_and_on_demand_figures() {
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--bench-slots",
+        "--steps",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for word in ["pooled", "on demand", "transition", "matmul"] {
+        assert!(out.contains(word), "{word}: {out}");
+    }
+}
+
+/// A run killed with SIGKILL mid-training resumes from its last checkpoint, and its loss curve
+/// is the uninterrupted run's, bit for bit.
+#[test]
+fn a_killed_run_resumes_bit_for_bit() {
+    let d = dir("kill");
+    let plan = staged_plan(&d);
+    let ck = d.join("ckpt");
+    // Killed at step 25 of 100, the run is far from done (and if this reader lags, the run
+    // waits on the full pipe rather than finishing).
+    let steps = "100";
+    let base = [
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&plan),
+        "--steps",
+        steps,
+        "--json-log",
+    ];
+
+    let whole = losses(&events(&mosaic(&base)));
+    assert_eq!(whole.len(), 100);
+
+    let mut args = base.to_vec();
+    args.extend(["--checkpoint-dir", s(&ck), "--checkpoint-every", "4"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut before = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        before.extend(losses(std::slice::from_ref(&e)));
+        if e["event"] == "step" && e["step"].as_u64().unwrap() >= 25 {
+            child.kill().unwrap(); // SIGKILL
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "the run was killed, not finished");
+    }
+    assert_eq!(before[..], whole[..before.len()]);
+
+    let resumed = events(&mosaic(&args));
+    let from = resumed[0]["resumed_from"]
+        .as_u64()
+        .expect("resumed from a checkpoint");
+    assert!(
+        (4..=before.len() as u64).contains(&from),
+        "resumed from step {from}"
+    );
+    let after = losses(&resumed);
+    assert_eq!(after.first().unwrap().0, from + 1);
+    assert_eq!(after.last().unwrap().0, 100);
+    assert_eq!(
+        after[..],
+        whole[from as usize..],
+        "the resumed curve is the uninterrupted one"
+    );
+}

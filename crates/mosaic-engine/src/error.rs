@@ -1,0 +1,169 @@
+//! The one error type of the engine: a plan that does not fit the model, a checkpoint that does
+//! not fit the run, or a failure while training. Plan and checkpoint variants name the file and
+//! the field.
+
+use std::path::PathBuf;
+
+/// Why the engine cannot (or can no longer) train.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A model name that is not built in.
+    #[error("unknown engine model \"{name}\"; built in: {known}")]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The built-in names, comma-separated.
+        known: String,
+    },
+    /// A training setting that makes no sense (`batch`, `lr`, …).
+    #[error("{setting}: {message}")]
+    BadSetting {
+        /// The setting, as the command line spells it (e.g. `--batch`).
+        setting: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A plan module the engine model does not have.
+    #[error(
+        "{file}: field `{field}`: unknown module \"{name}\"; engine model {model} has {known}",
+        file = file.display()
+    )]
+    UnknownModule {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].name`.
+        field: String,
+        /// The unknown name.
+        name: String,
+        /// The engine model.
+        model: String,
+        /// Its module names, comma-separated.
+        known: String,
+    },
+    /// A module placed twice.
+    #[error(
+        "{file}: field `{field}`: module \"{name}\" is placed twice (first at `{first}`)",
+        file = file.display()
+    )]
+    DuplicateModule {
+        /// The plan file.
+        file: PathBuf,
+        /// The second placement.
+        field: String,
+        /// The module.
+        name: String,
+        /// The first placement.
+        first: String,
+    },
+    /// A module of the model that no stage runs.
+    #[error(
+        "{file}: field `stages`: module \"{name}\" of engine model {model} is not placed in any \
+         stage",
+        file = file.display()
+    )]
+    MissingModule {
+        /// The plan file.
+        file: PathBuf,
+        /// The module.
+        name: String,
+        /// The engine model.
+        model: String,
+    },
+    /// A module that runs no later than a module it consumes.
+    #[error(
+        "{file}: field `{field}`: module \"{name}\" runs in stage {stage} but its producer \
+         \"{producer}\" runs in stage {producer_stage}; producers must run in earlier stages",
+        file = file.display()
+    )]
+    Order {
+        /// The plan file.
+        file: PathBuf,
+        /// The consumer's placement.
+        field: String,
+        /// The consumer.
+        name: String,
+        /// Its stage (0-based).
+        stage: usize,
+        /// The producer.
+        producer: String,
+        /// The producer's stage (0-based).
+        producer_stage: usize,
+    },
+    /// A data-parallel degree the run cannot honour.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    BadDp {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].dp`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A quota outside (0, 1].
+    #[error("{file}: field `{field}`: SM quota {sm} outside (0, 1]", file = file.display())]
+    BadQuota {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].sm`.
+        field: String,
+        /// The quota.
+        sm: f64,
+    },
+    /// A checkpoint that cannot be read or written.
+    #[error("{file}: {message}", file = file.display())]
+    CheckpointIo {
+        /// The checkpoint file (or its temporary file).
+        file: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// A checkpoint that is not one, or not of this run.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    Checkpoint {
+        /// The checkpoint file.
+        file: PathBuf,
+        /// The metadata key or tensor name.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An execution slot could not be created.
+    #[error("cannot create a slot of {threads} thread(s) for module \"{module}\": {message}")]
+    Slot {
+        /// The module the slot is for.
+        module: String,
+        /// Threads asked for.
+        threads: usize,
+        /// The thread-pool error.
+        message: String,
+    },
+    /// A tensor operation failed (a bug in a model, or out of memory).
+    #[error("module \"{module}\": {source}")]
+    Tensor {
+        /// The module that was running, or `data` / `optimizer`.
+        module: String,
+        /// candle's error.
+        source: candle_core::Error,
+    },
+}
+
+impl EngineError {
+    /// True when the error is the user's input (exit code 2): a plan, a setting, a model name or
+    /// a checkpoint of another run; false for failures while training.
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(
+            self,
+            EngineError::Slot { .. }
+                | EngineError::Tensor { .. }
+                | EngineError::CheckpointIo { .. }
+        )
+    }
+
+    /// Wraps a candle error raised while `module` was running.
+    pub(crate) fn tensor(module: &str) -> impl FnOnce(candle_core::Error) -> EngineError + '_ {
+        move |source| EngineError::Tensor {
+            module: module.to_string(),
+            source,
+        }
+    }
+}

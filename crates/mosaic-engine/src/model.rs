@@ -1,0 +1,212 @@
+//! What the engine trains: a DAG of modules, each a separately placed unit with its own
+//! parameters, and the data source that feeds it.
+//!
+//! A module reads named data tensors and the outputs of earlier modules, and produces either
+//! an activation (per sample, rows = samples) for later modules or its replica's share of the
+//! loss. The engine, not the module, moves tensors across module boundaries: see
+//! [`crate::trainer`] for how activations and gradients cross them.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use candle_core::{Device, Result, Tensor};
+
+use crate::nn::Params;
+
+/// Where a module input comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A tensor of the batch, by name (e.g. `image`).
+    Data(&'static str),
+    /// The output of another module, by index in [`Model::modules`].
+    Module(usize),
+}
+
+/// How a module's data-parallel replicas see the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coupling {
+    /// Samples are independent: replica `k` gets only the rows of its shard.
+    Sharded,
+    /// The module couples samples (a contrastive loss compares every pair in the batch):
+    /// every replica gets the whole batch of its inputs, as CLIP training all-gathers features,
+    /// and computes only its shard's terms of the loss.
+    Gathered,
+}
+
+/// What a module produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// A per-sample activation `[rows, ...]` consumed by later modules.
+    Activation,
+    /// A scalar: the replica's share of the batch loss (the shares add up to the loss, which
+    /// is a mean over the whole batch).
+    Loss,
+}
+
+/// The part of the batch one data-parallel replica owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// Replica index, `0..count`.
+    pub index: usize,
+    /// The module's data-parallel degree.
+    pub count: usize,
+    /// The rows (samples) of the batch this replica owns.
+    pub rows: Range<usize>,
+    /// Samples in the whole batch (losses are means over it).
+    pub batch: usize,
+}
+
+/// Splits `batch` samples into `count` contiguous shards, the first `batch % count` one larger.
+pub fn shards(batch: usize, count: usize) -> Vec<Shard> {
+    let (base, extra) = (batch / count, batch % count);
+    let mut start = 0;
+    (0..count)
+        .map(|index| {
+            let len = base + usize::from(index < extra);
+            let rows = start..start + len;
+            start += len;
+            Shard {
+                index,
+                count,
+                rows,
+                batch,
+            }
+        })
+        .collect()
+}
+
+/// A module's computation. Implementations hold the tensors of their [`Params`] (the same
+/// storage as the optimizer's variables) and must use only ops with a backward pass
+/// (see [`crate::nn`]).
+pub trait Net: Send + Sync {
+    /// The replica's forward pass. `inputs` follow [`Module::inputs`]: the shard's rows for a
+    /// [`Coupling::Sharded`] module, the whole batch for a [`Coupling::Gathered`] one.
+    fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor>;
+}
+
+/// A separately placed unit of a model: its inputs, its parameters and its computation.
+pub struct Module {
+    /// The name plans use.
+    pub name: &'static str,
+    /// What it reads, in the order [`Net::forward`] receives them.
+    pub inputs: Vec<Input>,
+    /// How its replicas see the batch.
+    pub coupling: Coupling,
+    /// What it produces.
+    pub output: Output,
+    /// Its trainable parameters (one copy per process; in-process replicas share it).
+    pub params: Params,
+    /// Its computation.
+    pub net: Box<dyn Net>,
+}
+
+/// One batch: named tensors whose first dimension is the sample.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// Tensors by name.
+    pub tensors: BTreeMap<&'static str, Tensor>,
+}
+
+/// Where batches come from. A batch depends only on the data position (the step), so a run
+/// resumed from a checkpoint sees the same batches as one never stopped.
+pub trait DataSource: Send + Sync {
+    /// The batch of `batch` samples at data position `step`.
+    fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch>;
+}
+
+/// A multimodal model the engine can train: modules in topological order and its data.
+pub struct Model {
+    /// Its name (`clip-tiny`, `omni-tiny`).
+    pub name: &'static str,
+    /// One line on what it is.
+    pub description: &'static str,
+    /// The seed its parameters and data were drawn from.
+    pub seed: u64,
+    /// Modules; every input of a module refers to an earlier one.
+    pub modules: Vec<Module>,
+    /// The data it trains on.
+    pub data: Box<dyn DataSource>,
+}
+
+impl Model {
+    /// The index of the module called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.modules.iter().position(|m| m.name == name)
+    }
+
+    /// Module names, comma-separated (for error messages).
+    pub fn module_names(&self) -> String {
+        self.modules
+            .iter()
+            .map(|m| m.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The modules `m` reads from.
+    pub fn producers(&self, m: usize) -> impl Iterator<Item = usize> + '_ {
+        self.modules[m].inputs.iter().filter_map(|i| match i {
+            Input::Module(p) => Some(*p),
+            Input::Data(_) => None,
+        })
+    }
+
+    /// Scalar parameters over all modules.
+    pub fn param_count(&self) -> usize {
+        self.modules.iter().map(|m| m.params.count()).sum()
+    }
+
+    /// Checks the invariants the trainer relies on: producers come earlier, exactly one
+    /// module (the last) produces the loss, every other module's output is consumed, and only
+    /// the loss module may be gathered.
+    pub(crate) fn check(&self) {
+        let n = self.modules.len();
+        for (i, m) in self.modules.iter().enumerate() {
+            for p in self.producers(i) {
+                assert!(
+                    p < i,
+                    "{}: module {} reads a later module",
+                    self.name,
+                    m.name
+                );
+            }
+            let is_last = i + 1 == n;
+            assert_eq!(
+                m.output == Output::Loss,
+                is_last,
+                "{}: the last module, and only it, produces the loss",
+                self.name
+            );
+            assert!(
+                m.coupling == Coupling::Sharded || m.output == Output::Loss,
+                "{}: only the loss module may be gathered",
+                self.name
+            );
+            if !is_last {
+                assert!(
+                    (0..n).any(|c| self.producers(c).any(|p| p == i)),
+                    "{}: nothing consumes module {}",
+                    self.name,
+                    m.name
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_the_batch() {
+        for (batch, count) in [(16, 1), (16, 2), (16, 3), (5, 5), (7, 4)] {
+            let s = shards(batch, count);
+            assert_eq!(s.len(), count);
+            assert_eq!(s[0].rows.start, 0);
+            assert_eq!(s[count - 1].rows.end, batch);
+            assert!(s.windows(2).all(|w| w[0].rows.end == w[1].rows.start));
+            assert!(s.iter().all(|x| !x.rows.is_empty()));
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `clip-tiny`: CLIP (Radford et al., ICML 2021) at toy size. A ViT image tower and a causal
+//! text transformer, each its own module, and `align`, the module that projects both into a
+//! joint space and computes the symmetric InfoNCE loss over the batch with a learned
+//! temperature. Module names match the zoo's `clip` (`vision`, `text` → `align`), so a plan
+//! made for `--model clip` can drive `clip-tiny`.
+//!
+//! Data: every sample has three latent attributes, each one of 8 values (512 combinations).
+//! The image (16×16) is the sum of one fixed random pattern per attribute value (σ 0.5) plus
+//! noise (σ 0.2); the text (6 tokens) spells the attributes as tokens `8j + a_j` at even
+//! positions, random filler tokens between them, and an end-of-text token last. The towers have to learn
+//! both encodings to match pairs, so the loss falls from ln(batch).
+
+use candle_core::{Device, Result, Tensor};
+
+use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
+use crate::models::towers::{Pool, TextTower, Vit};
+use crate::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
+use crate::rng::Rng;
+
+const DIMS: BlockDims = BlockDims {
+    dim: 32,
+    heads: 4,
+    mlp: 64,
+    layers: 1,
+};
+const SIDE: usize = 16;
+const PATCH: usize = 4;
+const ATTRS: usize = 3;
+const VALUES: usize = 8;
+const TEXT_LEN: usize = 2 * ATTRS;
+const VOCAB: usize = 64;
+const EOT: u32 = VOCAB as u32 - 1;
+/// Joint embedding width.
+const EMBED: usize = 32;
+
+/// The symmetric contrastive loss of CLIP over L2-normalised projections, with a learned
+/// log-temperature (initialised to ln(1/0.07), as CLIP does).
+struct Align {
+    visual_proj: Tensor,
+    text_proj: Tensor,
+    logit_scale: Tensor,
+}
+
+fn l2_normalise(x: &Tensor) -> Result<Tensor> {
+    let norm = (x.sqr()?.sum_keepdim(1)? + 1e-12)?.sqrt()?;
+    x.broadcast_div(&norm)
+}
+
+impl Net for Align {
+    /// Gathered: `inputs` are the whole batch's image and text features; the replica returns
+    /// the loss terms of its rows (image i against every text, text i against every image),
+    /// divided by 2 × batch, so the replicas' shares add up to the mean loss.
+    fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor> {
+        let zi = l2_normalise(&inputs[0].matmul(&self.visual_proj.t()?)?)?;
+        let zt = l2_normalise(&inputs[1].matmul(&self.text_proj.t()?)?)?;
+        let logits = zi
+            .matmul(&zt.t()?)?
+            .broadcast_mul(&self.logit_scale.exp()?)?;
+        let (start, len) = (shard.rows.start, shard.rows.len());
+        let targets: Vec<u32> = shard.rows.clone().map(|i| i as u32).collect();
+        let targets = one_hot(&targets, shard.batch, logits.device())?;
+        let image_rows = logits.narrow(0, start, len)?;
+        let text_rows = logits.t()?.narrow(0, start, len)?;
+        let ce = |rows: &Tensor| -> Result<Tensor> { (log_softmax(rows)? * &targets)?.sum_all() };
+        let total = (ce(&image_rows)? + ce(&text_rows)?)?;
+        total.affine(-1.0 / (2.0 * shard.batch as f64), 0.0)
+    }
+}
+
+struct ClipData {
+    /// `patterns[j][v]`: the image pattern of value `v` of attribute `j`.
+    patterns: Vec<Vec<Vec<f32>>>,
+    seed: u64,
+}
+
+impl ClipData {
+    fn new(seed: u64) -> ClipData {
+        let mut rng = Rng::stream(seed, "clip-tiny/patterns", 0);
+        let patterns = (0..ATTRS)
+            .map(|_| (0..VALUES).map(|_| rng.normals(SIDE * SIDE, 0.5)).collect())
+            .collect();
+        ClipData { patterns, seed }
+    }
+}
+
+impl DataSource for ClipData {
+    fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
+        let mut rng = Rng::stream(self.seed, "clip-tiny/batch", step);
+        let mut images = Vec::with_capacity(batch * SIDE * SIDE);
+        let mut tokens = Vec::with_capacity(batch * TEXT_LEN);
+        for _ in 0..batch {
+            let attrs: Vec<usize> = (0..ATTRS)
+                .map(|_| rng.below(VALUES as u64) as usize)
+                .collect();
+            let noise = rng.normals(SIDE * SIDE, 0.2);
+            images.extend((0..SIDE * SIDE).map(|p| {
+                noise[p]
+                    + (0..ATTRS)
+                        .map(|j| self.patterns[j][attrs[j]][p])
+                        .sum::<f32>()
+            }));
+            for (j, &a) in attrs.iter().enumerate() {
+                tokens.push((VALUES * j + a) as u32);
+                if j + 1 < ATTRS {
+                    let fillers = (EOT as u64) - (ATTRS * VALUES) as u64;
+                    tokens.push((ATTRS * VALUES) as u32 + rng.below(fillers) as u32);
+                }
+            }
+            tokens.push(EOT);
+        }
+        let mut b = Batch::default();
+        b.tensors.insert(
+            "image",
+            Tensor::from_vec(images, (batch, SIDE, SIDE), device)?,
+        );
+        b.tensors
+            .insert("text", Tensor::from_vec(tokens, (batch, TEXT_LEN), device)?);
+        Ok(b)
+    }
+}
+
+/// Builds `clip-tiny` with parameters and data drawn from `seed`.
+pub fn build(seed: u64, device: &Device) -> Result<Model> {
+    let pb = |name: &str| ParamBuilder::new(Rng::stream(seed, &format!("init/{name}"), 0), device);
+
+    let mut p = pb("vision");
+    let vision = Vit::new(&mut p, SIDE, PATCH, DIMS, true, Pool::First)?;
+    let vision = Module {
+        name: "vision",
+        inputs: vec![Input::Data("image")],
+        coupling: Coupling::Sharded,
+        output: Output::Activation,
+        params: p.finish(),
+        net: Box::new(vision),
+    };
+
+    let mut p = pb("text");
+    let text = TextTower::new(&mut p, VOCAB, TEXT_LEN, DIMS, true, Pool::Last)?;
+    let text = Module {
+        name: "text",
+        inputs: vec![Input::Data("text")],
+        coupling: Coupling::Sharded,
+        output: Output::Activation,
+        params: p.finish(),
+        net: Box::new(text),
+    };
+
+    let mut p = pb("align");
+    let std = (DIMS.dim as f64).powf(-0.5);
+    let align = Align {
+        visual_proj: p.normal("visual_proj", &[EMBED, DIMS.dim], std)?,
+        text_proj: p.normal("text_proj", &[EMBED, DIMS.dim], std)?,
+        logit_scale: p.constant("logit_scale", &[1], (1.0f32 / 0.07).ln())?,
+    };
+    let align = Module {
+        name: "align",
+        inputs: vec![Input::Module(0), Input::Module(1)],
+        coupling: Coupling::Gathered,
+        output: Output::Loss,
+        params: p.finish(),
+        net: Box::new(align),
+    };
+
+    Ok(Model {
+        name: "clip-tiny",
+        description: "CLIP at toy size: ViT image tower and causal text tower aligned by a \
+                      contrastive head (vision, text → align)",
+        seed,
+        modules: vec![vision, text, align],
+        data: Box::new(ClipData::new(seed)),
+    })
+}

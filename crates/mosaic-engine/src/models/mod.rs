@@ -1,0 +1,45 @@
+//! The built-in engine models: small but real multimodal networks, trainable from random
+//! initialisation on synthetic data that is learnable (the loss really falls).
+//!
+//! These are not the zoo's analytical models: they are tiny (width 32, one or two blocks per
+//! module) so that they train in milliseconds on a CPU, but they have the zoo models' module
+//! structure, so that plans place them the same way.
+
+mod clip;
+mod omni;
+mod towers;
+
+use candle_core::Device;
+
+use crate::error::EngineError;
+use crate::model::Model;
+
+/// `(name, description)` of every built-in engine model.
+pub const MODELS: &[(&str, &str)] = &[
+    (
+        "clip-tiny",
+        "CLIP-like: ViT image tower + causal text tower → contrastive align (vision, text → align)",
+    ),
+    (
+        "omni-tiny",
+        "ImageBind/OFASys-like: vision, audio and text encoders → transformer backbone \
+         (vision, audio, text → backbone)",
+    ),
+];
+
+/// Builds the built-in model `name` with parameters and data drawn from `seed`.
+pub fn build(name: &str, seed: u64, device: &Device) -> Result<Model, EngineError> {
+    let model = match name.to_ascii_lowercase().as_str() {
+        "clip-tiny" => clip::build(seed, device),
+        "omni-tiny" => omni::build(seed, device),
+        _ => {
+            return Err(EngineError::UnknownModel {
+                name: name.to_string(),
+                known: MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", "),
+            })
+        }
+    }
+    .map_err(EngineError::tensor("init"))?;
+    model.check();
+    Ok(model)
+}

@@ -1,0 +1,169 @@
+//! `omni-tiny`: three modality encoders feeding a transformer backbone, the shape of
+//! ImageBind's towers under OFASys' universal model at toy size. `vision` (a ViT), `audio` (a
+//! frame transformer over a spectrogram) and `text` (a token transformer) each hand their whole
+//! token sequence to `backbone`, which tags each with a learned modality embedding, runs its own
+//! blocks over the concatenation (16 + 16 + 8 tokens), mean-pools and classifies.
+//!
+//! Data: every sample has one binary attribute per modality; the label is the 3-bit number
+//! they spell (8 classes), so the backbone needs all three encoders. The image is a fixed
+//! random pattern of its attribute plus noise, the spectrogram likewise, and the text is
+//! random filler tokens with the attribute's token at a random position.
+
+use candle_core::{Device, Result, Tensor};
+
+use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
+use crate::models::towers::{AudioTower, Pool, TextTower, Vit};
+use crate::nn::{
+    log_softmax, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
+};
+use crate::rng::Rng;
+
+const ENCODER: BlockDims = BlockDims {
+    dim: 32,
+    heads: 4,
+    mlp: 64,
+    layers: 1,
+};
+const BACKBONE: BlockDims = BlockDims {
+    dim: 32,
+    heads: 4,
+    mlp: 64,
+    layers: 2,
+};
+const SIDE: usize = 16;
+const PATCH: usize = 4;
+const FRAMES: usize = 16;
+const MELS: usize = 8;
+const TEXT_LEN: usize = 8;
+const VOCAB: usize = 32;
+const CLASSES: usize = 8;
+
+/// The fusion transformer and its classifier; its replica's share of the mean cross-entropy.
+struct Backbone {
+    modality: Tensor,
+    blocks: Vec<Block>,
+    ln: LayerNorm,
+    head: Linear,
+}
+
+impl Net for Backbone {
+    /// Sharded: `inputs` are the shard's vision, audio and text sequences and labels.
+    fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor> {
+        let tagged = (0..3)
+            .map(|m| inputs[m].broadcast_add(&self.modality.get(m)?))
+            .collect::<Result<Vec<_>>>()?;
+        let x = Tensor::cat(&tagged.iter().collect::<Vec<_>>(), 1)?;
+        let x = self.ln.forward(&run_blocks(&self.blocks, x)?)?;
+        let logits = self.head.forward(&x.mean(1)?)?;
+        let labels: Vec<u32> = inputs[3].to_vec1()?;
+        let targets = one_hot(&labels, CLASSES, logits.device())?;
+        (log_softmax(&logits)? * targets)?
+            .sum_all()?
+            .affine(-1.0 / shard.batch as f64, 0.0)
+    }
+}
+
+struct OmniData {
+    image: [Vec<f32>; 2],
+    audio: [Vec<f32>; 2],
+    seed: u64,
+}
+
+impl DataSource for OmniData {
+    fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
+        let mut rng = Rng::stream(self.seed, "omni-tiny/batch", step);
+        let (mut image, mut audio, mut text, mut label) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..batch {
+            let bits: Vec<usize> = (0..3).map(|_| rng.below(2) as usize).collect();
+            let noise = rng.normals(SIDE * SIDE, 1.0);
+            image.extend(self.image[bits[0]].iter().zip(&noise).map(|(p, n)| p + n));
+            let noise = rng.normals(FRAMES * MELS, 1.0);
+            audio.extend(self.audio[bits[1]].iter().zip(&noise).map(|(p, n)| p + n));
+            let at = rng.below(TEXT_LEN as u64) as usize;
+            for pos in 0..TEXT_LEN {
+                text.push(if pos == at {
+                    bits[2] as u32
+                } else {
+                    2 + rng.below(VOCAB as u64 - 2) as u32
+                });
+            }
+            label.push((4 * bits[0] + 2 * bits[1] + bits[2]) as u32);
+        }
+        let mut b = Batch::default();
+        let t = &mut b.tensors;
+        t.insert(
+            "image",
+            Tensor::from_vec(image, (batch, SIDE, SIDE), device)?,
+        );
+        t.insert(
+            "audio",
+            Tensor::from_vec(audio, (batch, FRAMES, MELS), device)?,
+        );
+        t.insert("text", Tensor::from_vec(text, (batch, TEXT_LEN), device)?);
+        t.insert("label", Tensor::from_vec(label, batch, device)?);
+        Ok(b)
+    }
+}
+
+/// Builds `omni-tiny` with parameters and data drawn from `seed`.
+pub fn build(seed: u64, device: &Device) -> Result<Model> {
+    let pb = |name: &str| ParamBuilder::new(Rng::stream(seed, &format!("init/{name}"), 0), device);
+    let encoder =
+        |name: &'static str, data: &'static str, net: Box<dyn Net>, p: ParamBuilder| Module {
+            name,
+            inputs: vec![Input::Data(data)],
+            coupling: Coupling::Sharded,
+            output: Output::Activation,
+            params: p.finish(),
+            net,
+        };
+
+    let mut p = pb("vision");
+    let net = Vit::new(&mut p, SIDE, PATCH, ENCODER, false, Pool::Sequence)?;
+    let vision = encoder("vision", "image", Box::new(net), p);
+
+    let mut p = pb("audio");
+    let net = AudioTower::new(&mut p, FRAMES, MELS, ENCODER)?;
+    let audio = encoder("audio", "audio", Box::new(net), p);
+
+    let mut p = pb("text");
+    let net = TextTower::new(&mut p, VOCAB, TEXT_LEN, ENCODER, false, Pool::Sequence)?;
+    let text = encoder("text", "text", Box::new(net), p);
+
+    let mut p = pb("backbone");
+    let net = Backbone {
+        modality: p.normal("modality_embed", &[3, BACKBONE.dim], 0.02)?,
+        blocks: Block::stack(&mut p, BACKBONE, false)?,
+        ln: LayerNorm::new(&mut p, "ln", BACKBONE.dim)?,
+        head: Linear::new(&mut p, "head", BACKBONE.dim, CLASSES)?,
+    };
+    let backbone = Module {
+        name: "backbone",
+        inputs: vec![
+            Input::Module(0),
+            Input::Module(1),
+            Input::Module(2),
+            Input::Data("label"),
+        ],
+        coupling: Coupling::Sharded,
+        output: Output::Loss,
+        params: p.finish(),
+        net: Box::new(net),
+    };
+
+    let mut rng = Rng::stream(seed, "omni-tiny/patterns", 0);
+    let mut pattern = |n: usize| rng.normals(n, 0.7);
+    let data = OmniData {
+        image: [pattern(SIDE * SIDE), pattern(SIDE * SIDE)],
+        audio: [pattern(FRAMES * MELS), pattern(FRAMES * MELS)],
+        seed,
+    };
+    Ok(Model {
+        name: "omni-tiny",
+        description: "three encoders (vision ViT, audio, text) feeding a transformer backbone \
+                      that classifies (ImageBind/OFASys-like)",
+        seed,
+        modules: vec![vision, audio, text, backbone],
+        data: Box::new(data),
+    })
+}
