@@ -69,6 +69,7 @@ fn staged_plan(d: &Path) -> PathBuf {
         serde_json::json!({"name": name, "dp": dp, "sm": sm, "gpus": (0..dp).collect::<Vec<_>>(),
                            "time_ms": 0.0, "base_ms": 0.0, "mem_gib": 0.0})
     };
+    plan["gpus"] = 2.into();
     plan["stages"] = serde_json::json!([
         {"time_ms": 0.0, "gpu_quota": [], "modules": [module("vision", 2, 0.5), module("text", 2, 0.5)]},
         {"time_ms": 0.0, "gpu_quota": [], "modules": [module("align", 2, 1.0)]},
@@ -178,6 +179,20 @@ fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("unknown module \"align\""),
+        "{}",
+        stderr(&o)
+    );
+
+    // A replica on a GPU outside the plan's pool.
+    let text = std::fs::read_to_string(&plan)
+        .unwrap()
+        .replacen("[0,1]", "[0,5]", 1);
+    let outside = d.join("outside.json");
+    std::fs::write(&outside, text).unwrap();
+    let o = mosaic(&["train", "--model", "clip-tiny", "--plan", s(&outside)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("outside.json: field `stages[0].modules[0].gpus"),
         "{}",
         stderr(&o)
     );
@@ -330,5 +345,66 @@ fn a_killed_run_resumes_bit_for_bit() {
         after[..],
         whole[from as usize..],
         "the resumed curve is the uninterrupted one"
+    );
+}
+
+#[test]
+fn trains_on_the_users_tensors() {
+    let d = dir("data");
+    let file = d.join("mine.safetensors");
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--steps",
+        "8",
+        "--write-data",
+        s(&file),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("image [16, 16] f32, text [6] ids < 64"),
+        "{}",
+        stderr(&o)
+    );
+    // The written file holds exactly the synthetic batches: the runs agree bit for bit.
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            "clip-tiny",
+            "--steps",
+            "8",
+            "--json-log",
+        ];
+        args.extend(extra);
+        events(&mosaic(&args))
+    };
+    let mine = run(&["--data", s(&file)]);
+    assert_eq!(mine[0]["data"], s(&file));
+    assert_eq!(losses(&mine), losses(&run(&[])));
+
+    // Another model's inputs: refused, naming the file and the missing tensor.
+    let o = mosaic(&["train", "--model", "omni-tiny", "--data", s(&file)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "mine.safetensors: field `audio`: missing; the model expects audio [N, 16, 8]"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--data",
+        s(&d.join("absent.safetensors")),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("absent.safetensors: field `(file)`"),
+        "{}",
+        stderr(&o)
     );
 }

@@ -82,7 +82,13 @@ fn io(file: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
 }
 
 /// Writes the trainer's state to `dir/checkpoint.safetensors` atomically; returns the path.
+/// In a run of several ranks every rank calls it: the ranks first share the state of the
+/// modules some of them hold no replica of, then rank 0 alone writes.
 pub fn save(trainer: &Trainer, dir: &Path) -> Result<PathBuf, EngineError> {
+    trainer.share_module_states()?;
+    if trainer.collective().rank() != 0 {
+        return Ok(dir.join(CHECKPOINT_FILE));
+    }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let mut modules = Vec::new();

@@ -137,6 +137,38 @@ pub enum EngineError {
         /// The thread-pool error.
         message: String,
     },
+    /// A data file that is not the model's data.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    Data {
+        /// The safetensors file.
+        file: PathBuf,
+        /// The tensor, or `(file)`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A collective among ranks failed.
+    #[error("{collective} collective: {message}")]
+    Collective {
+        /// Which implementation (`mpi`).
+        collective: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// A plan that cannot be spread over the ranks of the run.
+    #[error("{plan}: field `gpus`: {message}")]
+    Ranks {
+        /// The plan (its file, or `default plan`).
+        plan: String,
+        /// What does not fit.
+        message: String,
+    },
+    /// This machine could not be measured (`mosaic profile --engine` reads Linux's `/proc`).
+    #[error("cannot measure this machine: {message}")]
+    Machine {
+        /// What could not be read, and why.
+        message: String,
+    },
     /// A tensor operation failed (a bug in a model, or out of memory).
     #[error("module \"{module}\": {source}")]
     Tensor {
@@ -154,7 +186,9 @@ impl EngineError {
         !matches!(
             self,
             EngineError::Slot { .. }
+                | EngineError::Collective { .. }
                 | EngineError::Tensor { .. }
+                | EngineError::Machine { .. }
                 | EngineError::CheckpointIo { .. }
         )
     }

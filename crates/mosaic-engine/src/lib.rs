@@ -24,28 +24,28 @@
 //!
 //! # Pieces, in the order a step uses them
 //! - [`models`]: the built-in models (`clip-tiny`, `omni-tiny`), built from [`nn`] layers that
-//!   pass gradients (candle's fused norms and softmax do not), with their synthetic data.
+//!   pass gradients (candle's fused norms and softmax do not), with their synthetic data;
+//!   [`data`] reads the user's own tensors instead.
 //! - [`schedule`]: a plan checked against a model becomes a [`Schedule`]: stages of
 //!   placements (module, dp, threads).
 //! - [`slot`]: execution slots — on CPU a thread pool of `round(quota × cores)` threads — and the
 //!   pool that creates them all before training ([`SlotMode::Pooled`]) or per stage
 //!   ([`SlotMode::OnDemand`], the baseline [`bench::bench_slots`] measures against).
-//! - [`collective`]: how a module's replicas combine gradients ([`InProcess`] today).
+//! - [`collective`]: what crosses processes: gradients summed over a module's ranks, and
+//!   activations and their gradients redistributed at module boundaries ([`InProcess`] for
+//!   one process, `Mpi` with the `mpi` feature for `mpirun`).
 //! - [`trainer`]: the iteration — forward by stages, backward by stages in reverse, activations
 //!   and gradients handed across module boundaries detached.
 //! - [`optim`]: AdamW with its state exposed; [`checkpoint`]: atomic `mosaic-checkpoint/1`
 //!   files holding parameters, optimizer state and the data position.
 //!
-//! # Not built yet
-//! Data parallelism across processes (an MPI [`Collective`]), CUDA green-context slots (a
-//! [`Slot`] variant), measured profiles (`mosaic profile --engine`) and training on the user's
-//! own tensors are later milestones; the traits above are where they go.
 
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod checkpoint;
 pub mod collective;
+pub mod data;
 mod error;
 pub mod model;
 pub mod models;
@@ -57,6 +57,8 @@ pub mod slot;
 pub mod trainer;
 
 pub use candle_core::Device;
+#[cfg(feature = "mpi")]
+pub use collective::Mpi;
 pub use collective::{Collective, InProcess};
 pub use error::EngineError;
 pub use model::{Model, Module};

@@ -112,6 +112,9 @@ pub struct Batch {
 pub trait DataSource: Send + Sync {
     /// The batch of `batch` samples at data position `step`.
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch>;
+
+    /// The tensors of a batch: name, shape of one sample, kind of values.
+    fn fields(&self) -> Vec<crate::data::Field>;
 }
 
 /// A multimodal model the engine can train: modules in topological order and its data.

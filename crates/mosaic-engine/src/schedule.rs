@@ -1,10 +1,11 @@
 //! From a `mosaic-plan/1` plan to what the engine executes: stages of placements, each a
 //! module with its data-parallel degree and its slot.
 //!
-//! How a GPU plan maps onto this machine: a module's `dp` becomes `dp` in-process replicas
-//! that split the batch (see [`crate::collective`]); its `sm` quota becomes its slot's thread
-//! count, `max(1, round(sm × cores))`; its `gpus` list and the plan's pool size, device and
-//! predicted times are not used on a CPU (every replica runs on this machine's cores). The
+//! How a GPU plan maps onto CPU processes: a module's `dp` becomes `dp` replicas that split
+//! the batch (see [`crate::collective`]); replica `k` runs on the rank holding the plan GPU
+//! `gpus[k]`, the plan's GPUs being spread over the run's ranks in contiguous blocks as GPUs
+//! are over nodes ([`Schedule::ranks`]); its `sm` quota becomes its slot's thread count,
+//! `max(1, round(sm × cores))`. The plan's device and predicted times are not used. The
 //! plan's stage order and stage membership are followed exactly.
 
 use std::collections::HashMap;
@@ -29,6 +30,8 @@ pub struct Placement {
     pub dp: usize,
     /// The plan's SM quota.
     pub sm: f64,
+    /// The plan GPU of each replica.
+    pub gpus: Vec<usize>,
     /// Threads of its slot.
     pub threads: usize,
 }
@@ -40,6 +43,8 @@ pub struct Schedule {
     pub source: String,
     /// Cores the quotas were turned into threads with.
     pub cores: usize,
+    /// GPUs of the plan's pool.
+    pub pool: usize,
     /// Stages in order.
     pub stages: Vec<Vec<Placement>>,
 }
@@ -51,6 +56,7 @@ impl Schedule {
         Schedule {
             source: "sequential".into(),
             cores,
+            pool: 1,
             stages: model
                 .modules
                 .iter()
@@ -61,6 +67,7 @@ impl Schedule {
                         name: m.name.to_string(),
                         dp: 1,
                         sm: 1.0,
+                        gpus: vec![0],
                         threads: threads_for(1.0, cores),
                     }]
                 })
@@ -111,6 +118,7 @@ impl Schedule {
                 }
                 placed.insert(module, (si, format!("{at}.name")));
                 check_dp(m, &f(), &format!("{at}.dp"), batch)?;
+                check_gpus(m, &f(), &format!("{at}.gpus"), plan.gpus)?;
                 if !(m.sm > 0.0 && m.sm <= 1.0) {
                     return Err(EngineError::BadQuota {
                         file: f(),
@@ -123,6 +131,7 @@ impl Schedule {
                     name: model.modules[module].name.to_string(),
                     dp: m.dp as usize,
                     sm: m.sm,
+                    gpus: m.gpus.iter().map(|&g| g as usize).collect(),
                     threads: threads_for(m.sm, cores),
                 });
             }
@@ -156,6 +165,7 @@ impl Schedule {
         Ok(Schedule {
             source: file.display().to_string(),
             cores,
+            pool: plan.gpus as usize,
             stages,
         })
     }
@@ -183,6 +193,28 @@ impl Schedule {
             .flatten()
             .find(|p| p.module == module)
             .expect("a schedule places every module")
+    }
+
+    /// The rank of every replica of every module (indexed by module, then replica) when the
+    /// plan's GPUs are spread over `world` ranks in contiguous blocks, GPU `g` on rank
+    /// `⌊g · world / pool⌋`: on one rank everything is local; on as many ranks as GPUs, GPU
+    /// `g` is rank `g`. Every rank needs at least one GPU of the plan.
+    pub fn ranks(&self, modules: usize, world: usize) -> Result<Vec<Vec<usize>>, EngineError> {
+        if world == 0 || world > self.pool {
+            return Err(EngineError::Ranks {
+                plan: self.source.clone(),
+                message: format!(
+                    "the plan has {} GPU(s) but the run has {world} rank(s); write a plan for \
+                     at least {world} GPUs (e.g. `mosaic plan ... --gpus {world}`)",
+                    self.pool
+                ),
+            });
+        }
+        let mut ranks = vec![Vec::new(); modules];
+        for p in self.stages.iter().flatten() {
+            ranks[p.module] = p.gpus.iter().map(|&g| g * world / self.pool).collect();
+        }
+        Ok(ranks)
     }
 
     /// A one-line picture: `[vision×2@0.5 text@0.5] → [align]`.
@@ -235,15 +267,36 @@ fn check_dp(m: &PlanModule, file: &Path, field: &str, batch: usize) -> Result<()
     Ok(())
 }
 
-/// The plan [`Schedule::sequential`] runs, as a `mosaic-plan/1` file a user can edit: every
-/// module its own stage on GPU 0 at quota 1.0. Its times are 0: nothing was predicted.
-pub fn sequential_plan(model: &Model) -> Plan {
+/// Checks that a module's GPUs are distinct GPUs of the plan's pool of `pool`.
+fn check_gpus(m: &PlanModule, file: &Path, field: &str, pool: u32) -> Result<(), EngineError> {
+    for (i, &g) in m.gpus.iter().enumerate() {
+        let message = if g >= pool {
+            format!("GPU {g} is outside the plan's pool of {pool} (field `gpus`)")
+        } else if m.gpus[..i].contains(&g) {
+            format!("GPU {g} is listed twice; each replica needs its own GPU")
+        } else {
+            continue;
+        };
+        return Err(EngineError::BadDp {
+            file: file.to_path_buf(),
+            field: format!("{field}[{i}]"),
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// Plain data parallelism on `gpus` GPUs as a `mosaic-plan/1` file a user can edit: every
+/// module its own stage in model order, replicated on GPUs `0..gpus` at quota 1.0 (with one
+/// GPU, the plan [`Schedule::sequential`] runs). Its times are 0: nothing was predicted.
+pub fn sequential_plan(model: &Model, gpus: usize) -> Plan {
+    let gpus = gpus.max(1);
     Plan {
         format: PLAN_FORMAT.to_string(),
         iteration_ms: 0.0,
         search: "sequential".into(),
         solve_ms: 0.0,
-        gpus: 1,
+        gpus: gpus as u32,
         device: "cpu".into(),
         granularity: 0.1,
         model: Some(model.name.to_string()),
@@ -253,12 +306,12 @@ pub fn sequential_plan(model: &Model) -> Plan {
             .iter()
             .map(|m| PlanStage {
                 time_ms: 0.0,
-                gpu_quota: vec![1.0],
+                gpu_quota: vec![1.0; gpus],
                 modules: vec![PlanModule {
                     name: m.name.to_string(),
-                    dp: 1,
+                    dp: gpus as u32,
                     sm: 1.0,
-                    gpus: vec![0],
+                    gpus: (0..gpus as u32).collect(),
                     time_ms: 0.0,
                     base_ms: 0.0,
                     mem_gib: 0.0,

@@ -30,7 +30,8 @@ use serde::Serialize;
 
 use crate::collective::{Collective, InProcess};
 use crate::error::EngineError;
-use crate::model::{shards, Batch, Coupling, Input, Model, Output};
+use crate::model::{shards, Batch, Coupling, Input, Model, Output, Shard};
+use crate::nn::to_f32s;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::schedule::Schedule;
 use crate::slot::{run_in_slots, Job, Slot, SlotMode, SlotPool};
@@ -117,6 +118,10 @@ pub struct Trainer {
     pub(crate) step: u64,
     slots: SlotPool,
     collective: Box<dyn Collective>,
+    /// The rank of every replica, per module.
+    ranks: Vec<Vec<usize>>,
+    /// The ranks holding replicas, ascending, per module (its communication group).
+    groups: Vec<Vec<usize>>,
     device: Device,
 }
 
@@ -128,18 +133,20 @@ struct ReplicaTape {
 }
 
 struct Forward {
+    /// This rank's replicas.
     replicas: Vec<ReplicaTape>,
-    /// The whole batch's activation (detached), for an activation module.
+    /// This rank's rows of the activation (detached), for an activation module.
     output: Option<Tensor>,
-    /// The batch loss, for the loss module.
-    loss: Option<f32>,
+    /// This rank's share of the batch loss, for the loss module.
+    loss: Option<Tensor>,
     began: Instant,
     ms: f64,
 }
 
 struct Backward {
-    /// ∂loss/∂(producer output) per module input: `(producer, gradient)`.
-    input_grads: Vec<(usize, Tensor)>,
+    /// Per module input, this rank's part of ∂loss/∂input (`None` for data inputs, or with no
+    /// replica here): its replicas' row shards, or for a gathered module their sum.
+    input_grads: Vec<Option<Tensor>>,
     /// Summed parameter gradients, when not applied.
     param_grads: Option<Vec<Tensor>>,
     began: Instant,
@@ -157,12 +164,25 @@ fn micro(ms: f64) -> f64 {
 }
 
 impl Trainer {
-    /// A trainer for `model` by `schedule`; creates the slot pool (every slot, in
-    /// [`SlotMode::Pooled`]) and zeroed optimizers. The schedule must come from this model.
+    /// A trainer for `model` by `schedule` in this process alone; see [`Trainer::with_collective`].
     pub fn new(
         model: Model,
         schedule: Schedule,
         config: TrainConfig,
+    ) -> Result<Trainer, EngineError> {
+        Self::with_collective(model, schedule, config, Box::new(InProcess))
+    }
+
+    /// A trainer for `model` by `schedule`, this process being rank `collective.rank()` of
+    /// `collective.world()`: it runs the replicas whose plan GPUs map to its rank
+    /// ([`Schedule::ranks`]). Creates the slot pool (every slot, in [`SlotMode::Pooled`]),
+    /// zeroed optimizers and each module's communication group. The schedule must come from
+    /// this model; every rank must call this with the same arguments.
+    pub fn with_collective(
+        model: Model,
+        schedule: Schedule,
+        config: TrainConfig,
+        mut collective: Box<dyn Collective>,
     ) -> Result<Trainer, EngineError> {
         if config.batch == 0 {
             return Err(EngineError::BadSetting {
@@ -190,6 +210,17 @@ impl Trainer {
                 ),
             });
         }
+        let ranks = schedule.ranks(model.modules.len(), collective.world())?;
+        let groups: Vec<Vec<usize>> = ranks
+            .iter()
+            .map(|r| {
+                let mut g = r.clone();
+                g.sort_unstable();
+                g.dedup();
+                g
+            })
+            .collect();
+        collective.create_groups(&groups)?;
         let slots = SlotPool::new(schedule.slot_specs(model.modules.len()), config.slots)?;
         let optimizers = model
             .modules
@@ -207,7 +238,9 @@ impl Trainer {
             optimizers,
             step: 0,
             slots,
-            collective: Box::new(InProcess),
+            collective,
+            ranks,
+            groups,
             device: Device::Cpu,
         })
     }
@@ -260,7 +293,27 @@ impl Trainer {
     /// anything (the data position stays).
     pub fn gradients(&self) -> Result<(f32, Vec<ParamGrad>), EngineError> {
         let (loss, _, grads) = self.iterate(false)?;
-        let grads = grads.expect("gradients are kept when not applied");
+        let mut grads = grads.expect("gradients are kept when not applied");
+        let world = self.collective.world();
+        for (m, module) in self.model.modules.iter().enumerate() {
+            if self.groups[m].len() == world {
+                continue;
+            }
+            // Ranks without a replica get the module's gradient from one that has it.
+            let err = || EngineError::tensor(module.name);
+            let like: Vec<Tensor> = module
+                .params
+                .iter()
+                .map(|(_, v)| v.as_detached_tensor())
+                .collect();
+            let mut buf = if grads[m].is_empty() {
+                vec![0f32; like.iter().map(Tensor::elem_count).sum()]
+            } else {
+                flatten(&grads[m]).map_err(err())?
+            };
+            self.collective.broadcast(self.groups[m][0], &mut buf)?;
+            grads[m] = unflatten(&buf, &like).map_err(err())?;
+        }
         let mut out = Vec::new();
         for (m, g) in self.model.modules.iter().zip(grads) {
             for ((name, _), grad) in m.params.iter().zip(g) {
@@ -275,7 +328,7 @@ impl Trainer {
     }
 
     /// Runs one iteration; `apply` steps the optimizers, else the summed gradients are
-    /// returned per module.
+    /// returned per module (empty for a module with no replica on this rank).
     #[allow(clippy::type_complexity)]
     fn iterate(
         &self,
@@ -311,25 +364,30 @@ impl Trainer {
                 .collect();
             let results = run_in_slots(jobs);
             drop(leases);
-            let forward_ms = ms(t0);
             let mut launch = 0f64;
             let mut modules = Vec::with_capacity(stage.len());
             for (p, r) in stage.iter().zip(results) {
-                let f = r?;
+                let mut f = r?;
                 launch = launch.max(micro((f.began - t0).as_secs_f64() * 1e3));
                 modules.push(ModuleTiming {
                     name: p.name.clone(),
                     forward_ms: f.ms,
                     backward_ms: 0.0,
                 });
-                if f.loss.is_some() {
-                    loss = f.loss;
+                let err = EngineError::tensor(&p.name);
+                match self.model.modules[p.module].output {
+                    Output::Activation => {
+                        outputs[p.module] = Some(self.gather_rows(p.module, f.output.take())?);
+                    }
+                    Output::Loss => {
+                        let total = self.sum_over_ranks(f.loss.take())?;
+                        loss = Some(total.to_scalar::<f32>().map_err(err)?);
+                    }
                 }
-                outputs[p.module] = f.output.clone();
                 tapes[p.module] = Some(f);
             }
             reports.push(StageReport {
-                forward_ms,
+                forward_ms: ms(t0),
                 backward_ms: 0.0,
                 forward_launch_ms: launch,
                 backward_launch_ms: 0.0,
@@ -365,14 +423,21 @@ impl Trainer {
             let results = run_in_slots(jobs);
             drop(leases);
             let report = &mut reports[si];
-            report.backward_ms = ms(t0);
             for ((p, r), timing) in stage.iter().zip(results).zip(&mut report.modules) {
                 let b = r?;
                 report.backward_launch_ms = report
                     .backward_launch_ms
                     .max(micro((b.began - t0).as_secs_f64() * 1e3));
                 timing.backward_ms = b.ms;
-                for (producer, g) in b.input_grads {
+                let module = &self.model.modules[p.module];
+                for (input, local) in module.inputs.iter().zip(b.input_grads) {
+                    let Input::Module(producer) = *input else {
+                        continue;
+                    };
+                    let g = match module.coupling {
+                        Coupling::Sharded => self.gather_rows(p.module, local)?,
+                        Coupling::Gathered => self.sum_over_ranks(local)?,
+                    };
                     let cell = &mut grads_in[producer][p.module];
                     *cell = Some(match cell.take() {
                         None => g,
@@ -383,12 +448,22 @@ impl Trainer {
                     param_grads[p.module] = g;
                 }
             }
+            report.backward_ms = ms(t0);
         }
         let loss = loss.expect("the model has a loss module");
         Ok((loss, reports, (!apply).then_some(param_grads)))
     }
 
-    /// Forward pass of module `m`'s `dp` replicas, inside its slot.
+    /// The shards of module `m`'s replicas that run on this rank.
+    fn local_shards(&self, m: usize, dp: usize) -> Vec<Shard> {
+        let me = self.collective.rank();
+        shards(self.config.batch, dp)
+            .into_iter()
+            .filter(|s| self.ranks[m][s.index] == me)
+            .collect()
+    }
+
+    /// Forward pass of module `m`'s replicas on this rank, inside its slot.
     fn forward_module(
         &self,
         m: usize,
@@ -398,7 +473,8 @@ impl Trainer {
     ) -> Result<Forward, EngineError> {
         let began = Instant::now();
         let module = &self.model.modules[m];
-        let replicas = shards(self.config.batch, dp)
+        let replicas = self
+            .local_shards(m, dp)
             .into_par_iter()
             .map(|shard| -> candle_core::Result<ReplicaTape> {
                 let mut xs = Vec::with_capacity(module.inputs.len());
@@ -433,24 +509,12 @@ impl Trainer {
             })
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(EngineError::tensor(module.name))?;
-        let (mut output, mut loss) = (None, None);
         let err = EngineError::tensor(module.name);
-        match module.output {
-            Output::Activation => {
-                let shards = replicas.iter().map(|r| r.out.detach()).collect();
-                output = Some(self.collective.all_gather_rows(shards).map_err(err)?);
-            }
-            Output::Loss => {
-                let mut total = 0f32;
-                for r in &replicas {
-                    total += r
-                        .out
-                        .to_scalar::<f32>()
-                        .map_err(EngineError::tensor(module.name))?;
-                }
-                loss = Some(total);
-            }
-        }
+        let local = replicas.iter().map(|r| r.out.detach()).collect();
+        let (output, loss) = match module.output {
+            Output::Activation => (cat_rows(local).map_err(err)?, None),
+            Output::Loss => (None, sum_all(local).map_err(err)?),
+        };
         Ok(Forward {
             replicas,
             output,
@@ -460,8 +524,8 @@ impl Trainer {
         })
     }
 
-    /// Backward pass of module `m`'s replicas and its optimizer step, inside its slot.
-    /// `from_consumers` are ∂loss/∂output from each consumer, in module order.
+    /// Backward pass of module `m`'s replicas on this rank and its optimizer step, inside its
+    /// slot. `from_consumers` are ∂loss/∂output from each consumer, in module order.
     fn backward_module(
         &self,
         m: usize,
@@ -519,28 +583,42 @@ impl Trainer {
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
         let (params, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
-        let params = self.collective.all_reduce_sum(params).map_err(err())?;
 
-        let mut input_grads = Vec::new();
-        for (i, input) in module.inputs.iter().enumerate() {
-            let Input::Module(producer) = input else {
-                continue;
-            };
-            let local: Vec<Tensor> = inputs
-                .iter()
-                .map(|r| r[i].clone().expect("module inputs are variables"))
-                .collect();
-            let g = match module.coupling {
-                Coupling::Sharded => self.collective.all_gather_rows(local),
-                Coupling::Gathered => self
-                    .collective
-                    .all_reduce_sum(local.into_iter().map(|t| vec![t]).collect())
-                    .map(|mut v| v.remove(0)),
-            }
+        // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
+        // or for a gathered module (every replica saw the whole batch) their sum.
+        let input_grads = (0..module.inputs.len())
+            .map(|i| {
+                let local: Vec<Tensor> = inputs.iter().filter_map(|r| r[i].clone()).collect();
+                match module.coupling {
+                    Coupling::Sharded => cat_rows(local),
+                    Coupling::Gathered => sum_all(local),
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
-            input_grads.push((*producer, g));
-        }
 
+        if params.is_empty() {
+            // No replica on this rank: nothing to reduce or update.
+            return Ok(Backward {
+                input_grads,
+                param_grads: None,
+                began,
+                ms: ms(began),
+            });
+        }
+        let mut replicas = params.into_iter();
+        let mut params = replicas.next().expect("not empty");
+        for r in replicas {
+            for (a, t) in params.iter_mut().zip(r) {
+                *a = (&*a + t).map_err(err())?;
+            }
+        }
+        if self.groups[m].len() > 1 {
+            // One bucket per module: a single all-reduce of every parameter's gradient.
+            let mut bucket = flatten(&params).map_err(err())?;
+            self.collective.all_reduce_module(m, &mut bucket)?;
+            params = unflatten(&bucket, &params).map_err(err())?;
+        }
         let param_grads = if apply {
             let mut opt = self.optimizers[m].lock().expect("optimizer lock");
             opt.step(&module.params, &params)
@@ -556,4 +634,150 @@ impl Trainer {
             ms: ms(began),
         })
     }
+
+    /// The whole batch of module `m`'s row shards, on every rank: this rank's `local` rows (its
+    /// replicas' shards in replica order, `None` if it holds none) and the other ranks'.
+    fn gather_rows(&self, m: usize, local: Option<Tensor>) -> Result<Tensor, EngineError> {
+        let name = self.model.modules[m].name;
+        if self.collective.world() == 1 {
+            return Ok(local.expect("a single rank holds every replica"));
+        }
+        let chunks = self.collective.all_gather(&encode(local.as_ref(), name)?)?;
+        let placement = self.schedule.placement(m);
+        let shards = shards(self.config.batch, placement.dp);
+        let mut pieces: Vec<&[f32]> = vec![&[]; placement.dp];
+        let mut dims = None;
+        for (rank, chunk) in chunks.iter().enumerate() {
+            let Some((d, data)) = decode(chunk) else {
+                continue;
+            };
+            let row: usize = d[1..].iter().product();
+            let mut at = 0;
+            for s in shards.iter().filter(|s| self.ranks[m][s.index] == rank) {
+                let len = s.rows.len() * row;
+                pieces[s.index] = &data[at..at + len];
+                at += len;
+            }
+            dims = Some(d);
+        }
+        let mut dims = dims.expect("some rank holds a replica");
+        dims[0] = self.config.batch;
+        Tensor::from_vec(pieces.concat(), dims, &self.device).map_err(EngineError::tensor(name))
+    }
+
+    /// The sum over ranks of the ranks' `local` tensors (`None` where a rank has none), in rank
+    /// order, on every rank.
+    fn sum_over_ranks(&self, local: Option<Tensor>) -> Result<Tensor, EngineError> {
+        if self.collective.world() == 1 {
+            return Ok(local.expect("a single rank holds every replica"));
+        }
+        let chunks = self
+            .collective
+            .all_gather(&encode(local.as_ref(), "sum")?)?;
+        let mut total: Option<(Vec<usize>, Vec<f32>)> = None;
+        for (d, data) in chunks.iter().filter_map(|c| decode(c)) {
+            match &mut total {
+                None => total = Some((d, data.to_vec())),
+                Some((_, acc)) => acc.iter_mut().zip(data).for_each(|(a, b)| *a += b),
+            }
+        }
+        let (dims, data) = total.expect("some rank holds a replica");
+        Tensor::from_vec(data, dims, &self.device).map_err(EngineError::tensor("sum"))
+    }
+
+    /// Gives every rank the parameters and optimizer state of the modules it holds no replica
+    /// of, from the lowest rank that does; a collective call (every rank calls it). Before a
+    /// checkpoint, so that rank 0 writes every module's current state.
+    pub(crate) fn share_module_states(&self) -> Result<(), EngineError> {
+        let world = self.collective.world();
+        for (m, module) in self.model.modules.iter().enumerate() {
+            if self.groups[m].len() == world {
+                continue;
+            }
+            let root = self.groups[m][0];
+            let err = || EngineError::tensor(module.name);
+            let mut opt = self.optimizers[m].lock().expect("optimizer lock");
+            let params: Vec<Tensor> = module
+                .params
+                .iter()
+                .map(|(_, v)| v.as_detached_tensor())
+                .collect();
+            let share = |tensors: &[Tensor]| -> Result<Vec<Tensor>, EngineError> {
+                let mut buf = flatten(tensors).map_err(err())?;
+                self.collective.broadcast(root, &mut buf)?;
+                unflatten(&buf, tensors).map_err(err())
+            };
+            for ((_, var), p) in module.params.iter().zip(share(&params)?) {
+                var.set(&p).map_err(err())?;
+            }
+            opt.m = share(&opt.m)?;
+            opt.v = share(&opt.v)?;
+            // Steps taken: every rank holding the module took the same number.
+            let mut t = [opt.t as f32];
+            self.collective.broadcast(root, &mut t)?;
+            opt.t = t[0] as u64;
+        }
+        Ok(())
+    }
+}
+
+/// This rank's replicas' row shards as one tensor, in replica order (`None` if it has none).
+fn cat_rows(local: Vec<Tensor>) -> candle_core::Result<Option<Tensor>> {
+    match local.len() {
+        0 => Ok(None),
+        1 => Ok(local.into_iter().next()),
+        _ => Tensor::cat(&local.iter().collect::<Vec<_>>(), 0).map(Some),
+    }
+}
+
+/// The sum of this rank's replicas' tensors, in replica order (`None` if it has none).
+fn sum_all(local: Vec<Tensor>) -> candle_core::Result<Option<Tensor>> {
+    let mut acc: Option<Tensor> = None;
+    for t in local {
+        acc = Some(match acc {
+            None => t,
+            Some(a) => (a + t)?,
+        });
+    }
+    Ok(acc)
+}
+
+/// The tensors' values, one after the other.
+fn flatten(tensors: &[Tensor]) -> candle_core::Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(tensors.iter().map(|t| t.elem_count()).sum());
+    for t in tensors {
+        out.extend(to_f32s(t)?);
+    }
+    Ok(out)
+}
+
+/// [`flatten`] undone: tensors shaped like `like`, from `values`.
+fn unflatten(values: &[f32], like: &[Tensor]) -> candle_core::Result<Vec<Tensor>> {
+    let mut at = 0;
+    like.iter()
+        .map(|t| {
+            let n = t.elem_count();
+            at += n;
+            Tensor::from_slice(&values[at - n..at], t.shape(), t.device())
+        })
+        .collect()
+}
+
+/// A tensor as `[rank, dims…, values…]` (f32 holds dimensions exactly below 2²⁴), or nothing.
+fn encode(t: Option<&Tensor>, module: &str) -> Result<Vec<f32>, EngineError> {
+    let Some(t) = t else {
+        return Ok(Vec::new());
+    };
+    let mut out = vec![t.rank() as f32];
+    out.extend(t.dims().iter().map(|&d| d as f32));
+    out.extend(to_f32s(t).map_err(EngineError::tensor(module))?);
+    Ok(out)
+}
+
+/// [`encode`] undone: the dimensions and the values, `None` for nothing.
+fn decode(chunk: &[f32]) -> Option<(Vec<usize>, &[f32])> {
+    let (&rank, rest) = chunk.split_first()?;
+    let rank = rank as usize;
+    let dims = rest[..rank].iter().map(|&d| d as usize).collect();
+    Some((dims, &rest[rank..]))
 }

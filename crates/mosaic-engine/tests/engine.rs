@@ -19,7 +19,7 @@ fn model(name: &str) -> Model {
 
 /// A plan of `stages`, each a list of `(module, dp, sm)`.
 fn plan(stages: &[&[(&str, u32, f64)]]) -> Plan {
-    let mut p = sequential_plan(&model("clip-tiny"));
+    let mut p = sequential_plan(&model("clip-tiny"), 1);
     p.stages = stages
         .iter()
         .map(|s| PlanStage {
@@ -39,6 +39,11 @@ fn plan(stages: &[&[(&str, u32, f64)]]) -> Plan {
                 .collect(),
         })
         .collect();
+    p.gpus = stages
+        .iter()
+        .flat_map(|s| s.iter().map(|m| m.1))
+        .max()
+        .unwrap_or(1);
     p
 }
 

@@ -8,10 +8,12 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use mosaic_engine::bench::{bench_slots, matmul_in_slots};
 use mosaic_engine::checkpoint;
+use mosaic_engine::data::{self, Field, Kind, TensorFile};
 use mosaic_engine::models;
 use mosaic_engine::slot::available_cores;
 use mosaic_engine::{
-    sequential_plan, AdamWConfig, Device, EngineError, Schedule, StepReport, TrainConfig, Trainer,
+    sequential_plan, AdamWConfig, Collective, Device, EngineError, InProcess, Schedule, StepReport,
+    TrainConfig, Trainer,
 };
 use serde_json::json;
 
@@ -25,9 +27,10 @@ pub struct Args {
     #[arg(long)]
     model: String,
     /// A mosaic-plan/1 file whose module names are the model's (default: every module its own
-    /// stage, dp 1, quota 1.0; `--write-plan` writes it as a template). dp becomes in-process
-    /// replicas splitting the batch, sm the slot's threads (round(sm × cores), at least 1);
-    /// GPU lists are not used on a CPU.
+    /// stage, replicated on every rank at quota 1.0; `--write-plan` writes it as a template).
+    /// A module's dp replicas split the batch; replica k runs on the rank holding plan GPU
+    /// gpus[k] (the plan's GPUs spread over the `mpirun` ranks in blocks; one process holds
+    /// them all); sm sets the slot's threads, round(sm × cores), at least 1.
     #[arg(long)]
     plan: Option<PathBuf>,
     /// Train until this many steps are done (a resumed run continues up to it).
@@ -52,6 +55,15 @@ pub struct Args {
     /// of the progress bar.
     #[arg(long)]
     json_log: bool,
+    /// Train on these tensors instead of the model's synthetic data: a safetensors file with
+    /// one tensor per data input, samples along dimension 0 (`--write-data` writes one), read
+    /// in order and cycled.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Write the synthetic batches the run would train on (--steps × --batch samples) as a
+    /// safetensors file for --data, and exit: the format, and a file to replace with your own.
+    #[arg(long, conflicts_with_all = ["bench_slots", "write_plan"])]
+    write_data: Option<PathBuf>,
     /// Write the plan the run would follow (a mosaic-plan/1 file to edit) and exit.
     #[arg(long, conflicts_with = "bench_slots")]
     write_plan: Option<PathBuf>,
@@ -82,13 +94,47 @@ pub fn run(args: Args) -> Result<()> {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    let collective = collective()?;
+    let (rank, world) = (collective.rank(), collective.world());
+    if world > 1 && args.bench_slots {
+        return Err(
+            BadInput("--bench-slots measures one process; run it without mpirun".into()).into(),
+        );
+    }
     let cores = available_cores();
-    let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    let mut model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    if let Some(out) = &args.write_data {
+        if rank == 0 {
+            data::write_batches(&*model.data, args.steps, args.batch, out).map_err(engine)?;
+            eprintln!(
+                "wrote {} ({} steps × {} samples of {}'s inputs: {}); train on it with --data",
+                out.display(),
+                args.steps.max(1),
+                args.batch,
+                model.name,
+                describe_fields(&model.data.fields())
+            );
+        }
+        return Ok(());
+    }
+    if let Some(path) = &args.data {
+        let file = TensorFile::load(path, &model.data.fields()).map_err(engine)?;
+        model.data = Box::new(file);
+    }
     let (plan, plan_file) = match &args.plan {
         Some(path) => (mosaic_sim::load_plan(path)?, path.clone()),
-        None => (sequential_plan(&model), PathBuf::from("(default plan)")),
+        None => (
+            sequential_plan(&model, world),
+            PathBuf::from("(default plan)"),
+        ),
     };
+    // Only rank 0 talks; the others train silently beside it.
+    let json_log = args.json_log && rank == 0;
+    let quiet = rank != 0;
     if let Some(out) = &args.write_plan {
+        if quiet {
+            return Ok(());
+        }
         let text = serde_json::to_string_pretty(&plan)? + "\n";
         std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
         eprintln!(
@@ -122,7 +168,8 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
 
-    let mut trainer = Trainer::new(model, schedule, config).map_err(engine)?;
+    let mut trainer =
+        Trainer::with_collective(model, schedule, config, collective).map_err(engine)?;
     let mut resumed_from = None;
     if let Some(dir) = &args.checkpoint_dir {
         if let Some(path) = checkpoint::latest(dir) {
@@ -136,17 +183,27 @@ pub fn run(args: Args) -> Result<()> {
         .iter()
         .map(|x| json!({"name": x.name, "params": x.params.count()}))
         .collect();
-    if args.json_log {
+    let data_name = args
+        .data
+        .as_ref()
+        .map_or("synthetic".to_string(), |p| p.display().to_string());
+    if json_log {
         let start = json!({
             "event": "start", "model": m.name, "seed": m.seed, "batch": args.batch,
             "steps": args.steps, "cores": cores, "schedule": trainer.schedule(),
-            "collective": trainer.collective().name(), "modules": params,
+            "collective": trainer.collective().name(), "ranks": world, "modules": params,
             "slots_created": trainer.slots_created(), "resumed_from": resumed_from,
+            "data": data_name,
         });
         println!("{start}");
-    } else {
+    } else if !quiet {
+        let ranks = if world > 1 {
+            format!(" × {world} ranks ({})", trainer.collective().name())
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{} ({} parameters) by {} on {cores} core(s), batch {}{}",
+            "{} ({} parameters) by {} on {cores} core(s){ranks}, batch {} of {data_name} data{}",
             m.name,
             m.param_count(),
             trainer.schedule().describe(),
@@ -158,7 +215,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
 
-    let mut progress = Progress::new(args.steps, trainer.step_count(), args.json_log);
+    let mut progress = Progress::new(args.steps, trainer.step_count(), args.json_log || quiet);
     let (mut first, mut last): (Option<f32>, Option<StepReport>) = (None, None);
     let mut recent = std::collections::VecDeque::new();
     let t0 = Instant::now();
@@ -170,7 +227,7 @@ pub fn run(args: Args) -> Result<()> {
         if recent.len() > 10 {
             recent.pop_front();
         }
-        if args.json_log {
+        if json_log {
             let mut line = serde_json::to_value(&r)?;
             line["event"] = json!("step");
             println!("{line}");
@@ -181,7 +238,7 @@ pub fn run(args: Args) -> Result<()> {
             if done || r.step.is_multiple_of(args.checkpoint_every) {
                 let c0 = Instant::now();
                 let path = checkpoint::save(&trainer, dir).map_err(engine)?;
-                if args.json_log {
+                if json_log {
                     let ms = c0.elapsed().as_secs_f64() * 1e3;
                     let line = json!({"event": "checkpoint", "step": r.step,
                                       "path": path.display().to_string(), "ms": ms});
@@ -193,13 +250,16 @@ pub fn run(args: Args) -> Result<()> {
         last = Some(r);
     }
     progress.finish();
+    if quiet {
+        return Ok(());
+    }
     let Some(last) = last else {
         let msg = format!(
             "nothing to do: {} step(s) are already done (--steps {})",
             trainer.step_count(),
             args.steps
         );
-        if args.json_log {
+        if json_log {
             println!(
                 "{}",
                 json!({"event": "done", "step": trainer.step_count(), "note": msg})
@@ -211,7 +271,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let ran = last.step - resumed_from.unwrap_or(0);
     let ms_per_step = t0.elapsed().as_secs_f64() * 1e3 / ran as f64;
-    if args.json_log {
+    if json_log {
         let done = json!({"event": "done", "step": last.step, "loss": last.loss,
                           "ms_per_step": ms_per_step});
         println!("{done}");
@@ -233,6 +293,47 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `image [16, 16] f32, text [6] ids < 64`.
+fn describe_fields(fields: &[Field]) -> String {
+    let f: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            let dims: Vec<String> = f.dims.iter().map(ToString::to_string).collect();
+            let kind = match f.kind {
+                Kind::Real => "f32".to_string(),
+                Kind::Index(n) => format!("ids < {n}"),
+            };
+            format!("{} [{}] {kind}", f.name, dims.join(", "))
+        })
+        .collect();
+    f.join(", ")
+}
+
+/// The ranks of this run: MPI's when an MPI launcher started this process, else this process
+/// alone.
+#[cfg(feature = "mpi")]
+fn collective() -> Result<Box<dyn Collective>> {
+    Ok(match mosaic_engine::Mpi::launched().map_err(engine)? {
+        Some(mpi) => Box::new(mpi),
+        None => Box::new(InProcess),
+    })
+}
+
+/// This process alone; refuses to run as one of several ranks, which would train copies.
+#[cfg(not(feature = "mpi"))]
+fn collective() -> Result<Box<dyn Collective>> {
+    let ranks = std::env::var("OMPI_COMM_WORLD_SIZE").or_else(|_| std::env::var("PMI_SIZE"));
+    if ranks.is_ok_and(|n| n != "1") {
+        return Err(BadInput(
+            "started by an MPI launcher, but this mosaic was built without MPI: rebuild with \
+             `cargo build --release -p mosaic-cli --features mpi` (needs libopenmpi-dev)"
+                .into(),
+        )
+        .into());
+    }
+    Ok(Box::new(InProcess))
 }
 
 /// `--bench-slots`: pooled against on-demand slots, and a slot's bound on candle's threads.

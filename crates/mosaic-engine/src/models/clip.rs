@@ -12,6 +12,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
+use crate::data::{Field, Kind};
 use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
 use crate::models::towers::{Pool, TextTower, Vit};
 use crate::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
@@ -84,6 +85,21 @@ impl ClipData {
 }
 
 impl DataSource for ClipData {
+    fn fields(&self) -> Vec<Field> {
+        vec![
+            Field {
+                name: "image",
+                dims: vec![SIDE, SIDE],
+                kind: Kind::Real,
+            },
+            Field {
+                name: "text",
+                dims: vec![TEXT_LEN],
+                kind: Kind::Index(VOCAB as u32),
+            },
+        ]
+    }
+
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
         let mut rng = Rng::stream(self.seed, "clip-tiny/batch", step);
         let mut images = Vec::with_capacity(batch * SIDE * SIDE);

@@ -11,6 +11,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
+use crate::data::{Field, Kind};
 use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
 use crate::models::towers::{AudioTower, Pool, TextTower, Vit};
 use crate::nn::{
@@ -70,6 +71,28 @@ struct OmniData {
 }
 
 impl DataSource for OmniData {
+    fn fields(&self) -> Vec<Field> {
+        let real = |name, dims| Field {
+            name,
+            dims,
+            kind: Kind::Real,
+        };
+        vec![
+            real("audio", vec![FRAMES, MELS]),
+            real("image", vec![SIDE, SIDE]),
+            Field {
+                name: "label",
+                dims: vec![],
+                kind: Kind::Index(CLASSES as u32),
+            },
+            Field {
+                name: "text",
+                dims: vec![TEXT_LEN],
+                kind: Kind::Index(VOCAB as u32),
+            },
+        ]
+    }
+
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
         let mut rng = Rng::stream(self.seed, "omni-tiny/batch", step);
         let (mut image, mut audio, mut text, mut label) = (vec![], vec![], vec![], vec![]);

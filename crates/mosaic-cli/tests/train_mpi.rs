@@ -1,0 +1,185 @@
+//! `mpirun -np 2 mosaic train`: data parallelism across two processes through OpenMPI, as a
+//! user starts it. Built with the `mpi` feature, which needs OpenMPI, so `mpirun` must exist.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// `mosaic args…` alone, or under `mpirun -np ranks`.
+fn mosaic(ranks: Option<usize>, args: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_mosaic");
+    let mut cmd = match ranks {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut c = Command::new("mpirun");
+            c.args(["--oversubscribe", "-np", &n.to_string(), bin]);
+            c
+        }
+    };
+    cmd.args(args)
+        // mpirun refuses to start as root without these (CI machines run as root).
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun (openmpi-bin) is installed: the mpi feature needs OpenMPI")
+}
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mosaic-mpi-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The step losses of a `--json-log` run, and its start event.
+fn run(o: &Output) -> (Value, Vec<f32>) {
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON (only rank 0 logs)"))
+        .collect();
+    let losses = events
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .map(|e| e["loss"].as_f64().unwrap() as f32)
+        .collect();
+    (events[0].clone(), losses)
+}
+
+/// clip-tiny on 2 GPUs with unlike placements: vision ×2 on both, text on GPU 1 only, align
+/// on GPU 0 only — so activations and gradients cross ranks at both boundaries, and each rank
+/// holds a module the other does not.
+fn mixed_plan(d: &Path) -> PathBuf {
+    let module = |name: &str, gpus: &[u32], sm: f64| {
+        serde_json::json!({"name": name, "dp": gpus.len(), "sm": sm, "gpus": gpus,
+                           "time_ms": 0.0, "base_ms": 0.0, "mem_gib": 0.0})
+    };
+    let plan = serde_json::json!({
+        "format": "mosaic-plan/1", "iteration_ms": 0.0, "search": "by hand", "solve_ms": 0.0,
+        "gpus": 2, "device": "cpu", "granularity": 0.5,
+        "stages": [
+            {"time_ms": 0.0, "gpu_quota": [0.5, 1.0],
+             "modules": [module("vision", &[0, 1], 0.5), module("text", &[1], 0.5)]},
+            {"time_ms": 0.0, "gpu_quota": [1.0, 0.0], "modules": [module("align", &[0], 1.0)]}
+        ]
+    });
+    let path = d.join("mixed.json");
+    std::fs::write(&path, plan.to_string()).unwrap();
+    path
+}
+
+fn close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "step {}: {x} vs {y}",
+            i + 1
+        );
+    }
+}
+
+#[test]
+fn two_processes_train_like_one() {
+    let d = dir("like-one");
+    let plan = mixed_plan(&d);
+    let args = [
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&plan),
+        "--steps",
+        "12",
+        "--json-log",
+    ];
+    let (start, two) = run(&mosaic(Some(2), &args));
+    assert_eq!(start["collective"], "mpi");
+    assert_eq!(start["ranks"], 2);
+    let (start, one) = run(&mosaic(None, &args));
+    assert_eq!(start["collective"], "in-process");
+    close(&one, &two);
+    assert!(two[11] < two[0], "the loss falls: {two:?}");
+
+    // The default plan under mpirun: every module replicated on both ranks.
+    let default = [
+        "train",
+        "--model",
+        "omni-tiny",
+        "--steps",
+        "6",
+        "--json-log",
+    ];
+    let (start, two) = run(&mosaic(Some(2), &default));
+    assert_eq!(start["schedule"]["stages"][0][0]["dp"], 2);
+    let (_, one) = run(&mosaic(None, &default));
+    close(&one, &two);
+}
+
+#[test]
+fn two_processes_checkpoint_and_resume_exactly() {
+    let d = dir("resume");
+    let plan = mixed_plan(&d);
+    let ckpt = d.join("ckpt");
+    let train = |steps: &str, ckpt: Option<&Path>| {
+        let mut args = vec![
+            "train",
+            "--model",
+            "clip-tiny",
+            "--plan",
+            s(&plan),
+            "--steps",
+            steps,
+            "--json-log",
+            "--checkpoint-every",
+            "4",
+        ];
+        if let Some(c) = ckpt {
+            args.extend(["--checkpoint-dir", s(c)]);
+        }
+        run(&mosaic(Some(2), &args)).1
+    };
+    let whole = train("10", None);
+    // Stop after step 4 (checkpointed), then resume to 10: rank 0 wrote text's state, which
+    // only rank 1 trains, and every rank read it back.
+    let first = train("4", Some(&ckpt));
+    let rest = train("10", Some(&ckpt));
+    let joined: Vec<f32> = first.into_iter().chain(rest).collect();
+    assert_eq!(
+        joined.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        whole.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        "resumed {joined:?} vs whole {whole:?}"
+    );
+}
+
+#[test]
+fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
+    let d = dir("too-few");
+    let plan = d.join("one.json");
+    let o = mosaic(
+        None,
+        &["train", "--model", "clip-tiny", "--write-plan", s(&plan)],
+    );
+    assert!(o.status.success());
+    let o = mosaic(
+        Some(2),
+        &["train", "--model", "clip-tiny", "--plan", s(&plan)],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("one.json: field `gpus`: the plan has 1 GPU(s) but the run has 2 rank(s)"),
+        "{err}"
+    );
+}
