@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Plan stages, data-parallel degrees, SM quotas and GPUs for a model.
     Plan(commands::plan::Args),
-    /// Write the analytical profile of a built-in model on a built-in cluster.
+    /// Write a model's profile: analytical (a zoo model on a built-in cluster) or measured on this machine (--engine).
     Profile(commands::profile::Args),
     /// List the built-in models, devices and clusters.
     Zoo(commands::zoo::Args),

@@ -305,3 +305,11 @@ fn train_without_the_engine_says_how_to_get_it() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--features engine"), "{}", stderr(&o));
 }
+
+#[cfg(not(feature = "engine"))]
+#[test]
+fn engine_profile_without_the_engine_says_how_to_get_it() {
+    let o = mosaic(&["profile", "--engine", "--model", "clip-tiny"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--features engine"), "{}", stderr(&o));
+}

@@ -12,6 +12,11 @@ use crate::schedule::Schedule;
 use crate::slot::{available_cores, Slot, SlotMode};
 use crate::trainer::{TrainConfig, Trainer};
 
+/// The GPU counterpart of [`bench_slots`]: green-context slots pooled against created per
+/// stage, on a real GPU (feature `cuda`).
+#[cfg(feature = "cuda")]
+pub use crate::slot::cuda::{bench_gpu_slots, GpuSlotBench};
+
 /// One slot mode's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeFigures {

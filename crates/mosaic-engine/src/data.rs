@@ -297,7 +297,9 @@ mod tests {
         let dev = Device::Cpu;
         let image = Tensor::zeros((4, 16, 16), DType::F32, &dev).unwrap();
         let text = Tensor::zeros((4, 6), DType::U32, &dev).unwrap();
-        let cases: Vec<(&str, Vec<(&str, Tensor)>, &str)> = vec![
+        // (file name, its tensors, the error expected)
+        type Case<'a> = (&'a str, Vec<(&'a str, Tensor)>, &'a str);
+        let cases: Vec<Case> = vec![
             (
                 "missing",
                 vec![("image", image.clone())],

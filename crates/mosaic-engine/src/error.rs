@@ -169,6 +169,15 @@ pub enum EngineError {
         /// What could not be read, and why.
         message: String,
     },
+    /// A CUDA driver call failed, or CUDA cannot be used here (green-context slots, the `cuda`
+    /// feature).
+    #[error("CUDA: {what}: {message}")]
+    Cuda {
+        /// What was being done: the driver call and what for (module, SMs, device).
+        what: String,
+        /// The driver's error name and text, or why CUDA is unavailable.
+        message: String,
+    },
     /// A tensor operation failed (a bug in a model, or out of memory).
     #[error("module \"{module}\": {source}")]
     Tensor {
@@ -186,6 +195,7 @@ impl EngineError {
         !matches!(
             self,
             EngineError::Slot { .. }
+                | EngineError::Cuda { .. }
                 | EngineError::Collective { .. }
                 | EngineError::Tensor { .. }
                 | EngineError::Machine { .. }

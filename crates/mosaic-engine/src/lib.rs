@@ -30,7 +30,9 @@
 //!   placements (module, dp, threads).
 //! - [`slot`]: execution slots — on CPU a thread pool of `round(quota × cores)` threads — and the
 //!   pool that creates them all before training ([`SlotMode::Pooled`]) or per stage
-//!   ([`SlotMode::OnDemand`], the baseline [`bench::bench_slots`] measures against).
+//!   ([`SlotMode::OnDemand`], the baseline [`bench::bench_slots`] measures against); with the
+//!   `cuda` feature, `slot::cuda`: CUDA green-context slots and their pool (which create and
+//!   hold SM partitions and streams; module compute stays on CPU slots, see [`slot`]).
 //! - [`collective`]: what crosses processes: gradients summed over a module's ranks, and
 //!   activations and their gradients redistributed at module boundaries ([`InProcess`] for
 //!   one process, `Mpi` with the `mpi` feature for `mpirun`).
@@ -38,6 +40,8 @@
 //!   and gradients handed across module boundaries detached.
 //! - [`optim`]: AdamW with its state exposed; [`checkpoint`]: atomic `mosaic-checkpoint/1`
 //!   files holding parameters, optimizer state and the data position.
+//! - [`profile`]: measured profiles — every module's iteration at every (dp, quota) grid point
+//!   of this machine, and co-located runs (`mosaic profile --engine`).
 //!
 
 #![warn(missing_docs)]
@@ -51,6 +55,7 @@ pub mod model;
 pub mod models;
 pub mod nn;
 pub mod optim;
+pub mod profile;
 pub mod rng;
 pub mod schedule;
 pub mod slot;

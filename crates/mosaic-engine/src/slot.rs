@@ -29,15 +29,30 @@
 //! For the tiny built-in models most products are below gemm's threshold, so a module's
 //! parallelism inside its slot comes mostly from its replicas.
 //!
-//! [`Slot`] is the one place a CUDA green-context slot will be added (a variant holding the
-//! green context and its stream, behind a `cuda` feature); nothing outside this file creates
-//! or enters a slot.
+//! # GPU slots (feature `cuda`)
+//! `slot::cuda` holds the paper's GPU slot: a green context holding the module's SMs
+//! (`round(quota × SMs)` to the architecture's partition granularity; the slots of a stage on
+//! disjoint SMs) and a non-blocking stream in it, created before training by `GpuSlotPool` or
+//! per stage on demand; `bench_gpu_slots` measures the two on a real GPU. It is the `Slot::Gpu`
+//! variant; [`Slot::run`] on it runs the closure on the calling thread with the green context
+//! current. What it does not do yet is run the engine's modules: candle 0.11 cannot bind its
+//! CUDA device to a foreign stream (`CudaDevice::from_context_and_stream` is private; upstream
+//! PR #3777 would expose it), and candle's `cuda` feature needs nvcc at build time, so module
+//! compute runs on CPU slots; the GPU slot creates and holds the partitions and streams that a
+//! candle with that change would run on. It builds without CUDA (cudarc loads `libcuda` at run
+//! time) and reports, rather than panics, when there is no driver or GPU
+//! (`driver_unavailable`).
 
 use std::ops::Deref;
 
 use rayon::ThreadPool;
 
 use crate::error::EngineError;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::GpuSlot;
 
 /// Threads a slot of `quota` gets on a machine of `cores` cores: `round(quota × cores)`, at
 /// least one.
@@ -56,6 +71,9 @@ pub fn available_cores() -> usize {
 pub enum Slot {
     /// A CPU thread pool.
     Cpu(CpuSlot),
+    /// A CUDA green context and its stream.
+    #[cfg(feature = "cuda")]
+    Gpu(GpuSlot),
 }
 
 /// A CPU slot: a rayon thread pool of a fixed number of threads.
@@ -86,10 +104,31 @@ impl Slot {
         }))
     }
 
-    /// Threads (CPU) the slot owns.
+    /// Threads (CPU) the slot owns; 0 for a GPU slot, which owns SMs ([`Slot::sms`]) and runs
+    /// host code on the caller's thread.
     pub fn threads(&self) -> usize {
         match self {
             Slot::Cpu(s) => s.threads,
+            #[cfg(feature = "cuda")]
+            Slot::Gpu(_) => 0,
+        }
+    }
+
+    /// SMs (GPU) the slot's green context holds; `None` for a CPU slot.
+    pub fn sms(&self) -> Option<u32> {
+        match self {
+            Slot::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            Slot::Gpu(s) => Some(s.sms()),
+        }
+    }
+
+    /// The GPU slot, if this is one.
+    #[cfg(feature = "cuda")]
+    pub fn as_gpu(&self) -> Option<&GpuSlot> {
+        match self {
+            Slot::Gpu(s) => Some(s),
+            Slot::Cpu(_) => None,
         }
     }
 
@@ -97,13 +136,22 @@ impl Slot {
     pub fn quota(&self) -> f64 {
         match self {
             Slot::Cpu(s) => s.quota,
+            #[cfg(feature = "cuda")]
+            Slot::Gpu(s) => s.quota(),
         }
     }
 
-    /// Runs `f` inside the slot and waits for it.
+    /// Runs `f` inside the slot and waits for it: on a CPU slot in its thread pool, on a GPU
+    /// slot on the calling thread with the slot's green context current
+    /// (`GpuSlot::run`).
+    ///
+    /// # Panics
+    /// If a GPU slot's context cannot be made current (a driver failure).
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         match self {
             Slot::Cpu(s) => s.pool.install(f),
+            #[cfg(feature = "cuda")]
+            Slot::Gpu(s) => s.run(f).unwrap_or_else(|e| panic!("{e}")),
         }
     }
 }
@@ -197,7 +245,8 @@ pub(crate) type Job<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
 
 /// Runs every job in its slot, all at the same time, and returns their results in order once
 /// the slowest has finished (a stage ends when its slowest module ends). No thread is created:
-/// the caller nests one rayon scope per slot and blocks until all jobs are done.
+/// the caller nests one rayon scope per slot and blocks until all jobs are done (a GPU slot's
+/// job runs in the caller's rayon pool, see `nest`).
 pub(crate) fn run_in_slots<'a, T: Send + 'a>(jobs: Vec<(&'a Slot, Job<'a, T>)>) -> Vec<T> {
     let mut cells: Vec<Option<T>> = jobs.iter().map(|_| None).collect();
     let work: Vec<_> = jobs
@@ -219,6 +268,13 @@ fn nest<'a, 'c, T: Send + 'a>(mut work: Vec<(&'a Slot, Job<'a, T>, &'c mut Optio
     match slot {
         Slot::Cpu(s) => s.pool.in_place_scope(move |scope| {
             scope.spawn(move |_| *cell = Some(job()));
+            nest(work);
+        }),
+        // A GPU slot has no threads: its job is a task of the caller's rayon pool, run with the
+        // slot's green context current.
+        #[cfg(feature = "cuda")]
+        Slot::Gpu(_) => rayon::in_place_scope(move |scope| {
+            scope.spawn(move |_| *cell = Some(slot.run(job)));
             nest(work);
         }),
     }

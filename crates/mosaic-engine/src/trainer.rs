@@ -3,8 +3,9 @@
 //! # One iteration
 //! 1. The batch of the current data position is drawn.
 //! 2. **Forward, stage by stage.** The modules of a stage run at the same time, each in its
-//!    slot; a module's `dp` replicas run as tasks in that slot, replica `k` on shard `k` of
-//!    the batch. The stage ends when its slowest module ends.
+//!    slot; a module's replicas on this rank run as tasks in that slot, replica `k` on shard
+//!    `k` of the batch. Then the outputs are redistributed among the ranks. The stage ends
+//!    when its slowest module ends.
 //! 3. **Backward, stage by stage in reverse**, the same way; each module's optimizer step runs
 //!    in its slot right after its backward pass.
 //!
@@ -17,9 +18,15 @@
 //! all saw the whole batch, summed) into ∂loss/∂output of the producer, summed over its
 //! consumers in module order. The producer's replica `k` back-propagates `Σ y_k ⊙ g_k` (its
 //! output shard times that gradient shard), whose gradient is exactly `g_k`; the loss module
-//! back-propagates its share of the loss. Parameter gradients of the replicas are then summed
-//! by the [`Collective`] (see there why a sum). No tensor crosses a boundary with its graph,
-//! which is what a module on another GPU or in another process will need.
+//! back-propagates its share of the loss. Parameter gradients of a module's replicas are
+//! summed: on this rank in replica order, then over the module's ranks by one all-reduce of a
+//! single bucket on its group in the [`Collective`] (see there why a sum), from inside its
+//! slot. No tensor crosses a boundary with its graph, which is what lets the boundary cross
+//! processes: after each stage phase, on the trainer's thread, every rank gathers the row
+//! shards the other ranks computed, so every rank holds the whole batch of every output and
+//! gradient it may need. (Sending each only to its consumers' ranks would move less; at these
+//! sizes the all-gather's simplicity wins.) Ranks run the same schedule and draw the same
+//! batch, so their collective calls line up without coordination.
 
 use std::sync::Mutex;
 use std::time::Instant;

@@ -347,6 +347,35 @@ fn bench(
 ) -> Result<()> {
     let b = bench_slots(model, seed, schedule, config, steps.max(1)).map_err(engine)?;
     let matmul = matmul_in_slots(512, 10).map_err(engine)?;
+    #[cfg(feature = "cuda")]
+    {
+        // Green-context slots for the stages' modules on plan GPU 0, pooled vs on demand.
+        use mosaic_engine::slot::cuda::{bench_gpu_slots, driver_unavailable};
+        let stages: Vec<Vec<f64>> = (schedule.stages.iter())
+            .map(|s| {
+                s.iter()
+                    .filter(|p| p.gpus.contains(&0))
+                    .map(|p| p.sm)
+                    .collect()
+            })
+            .filter(|q: &Vec<f64>| !q.is_empty())
+            .collect();
+        if let Some(why) = driver_unavailable() {
+            eprintln!("no GPU: CUDA slots not measured ({why})");
+        } else {
+            let g = bench_gpu_slots(0, &stages, 20).map_err(engine)?;
+            if json_out {
+                println!("{}", json!({"event": "bench-gpu-slots", "gpu": g}));
+            } else {
+                println!(
+                    "green-context slots on {} ({} SMs), SMs per stage {:?}: pool set up in {:.3} ms; \
+                     transition median {:.4} ms pooled, {:.4} ms on demand",
+                    g.device, g.sms, g.granted_sms, g.pool_setup_ms, g.pooled_transition_ms,
+                    g.on_demand_transition_ms
+                );
+            }
+        }
+    }
     if json_out {
         println!(
             "{}",

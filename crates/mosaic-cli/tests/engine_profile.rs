@@ -1,0 +1,188 @@
+//! Drives `mosaic profile --engine` as a user would: a measured profile and measured
+//! colocations of clip-tiny, accepted by `mosaic plan` and `mosaic fit`, and the plan trained
+//! by `mosaic train`; and bad input.
+#![cfg(feature = "engine")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn mosaic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(args)
+        .output()
+        .expect("the mosaic binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A fresh directory for one test.
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "mosaic-engine-profile-test-{}-{test}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn measured_profiles_feed_plan_fit_and_train() {
+    let d = dir("pipeline");
+    let (measured, coloc, plan) = (
+        d.join("measured.json"),
+        d.join("coloc.json"),
+        d.join("plan.json"),
+    );
+    let o = mosaic(&[
+        "profile",
+        "--engine",
+        "--model",
+        "clip-tiny",
+        "--batch",
+        "8",
+        "--max-dp",
+        "2",
+        "--reps",
+        "2",
+        "--out",
+        s(&measured),
+        "--colocations",
+        "3",
+        "--colocations-out",
+        s(&coloc),
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("device: ") && err.contains("STREAM triad"),
+        "{err}"
+    );
+
+    let p = json(&measured);
+    assert_eq!(p["format"], "mosaic-profiles/1");
+    let cores = p["device"]["sm_count"].as_u64().unwrap();
+    assert!(cores >= 1 && p["device"]["memory_gib"].as_f64().unwrap() > 0.0);
+    let modules = p["modules"].as_array().unwrap();
+    let names: Vec<&str> = modules
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["vision", "text", "align"]);
+    assert_eq!(modules[2]["after"], serde_json::json!(["vision", "text"]));
+    let quotas = cores.min(10) as usize;
+    // One progress line per grid point: 3 modules × dp {1, 2} × the quotas.
+    let points = 3 * 2 * quotas;
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with('[')).count(),
+        points + 3,
+        "{err}"
+    );
+    for m in modules {
+        let samples = m["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 2 * quotas);
+        for x in samples {
+            assert!(x["time_ms"].as_f64().unwrap() > 0.0, "{x}");
+            assert!(x["mem_gib"].as_f64().unwrap() > 0.0, "{x}");
+        }
+    }
+    assert!(p["source"].as_str().unwrap().contains("clip-tiny"));
+
+    let c = json(&coloc);
+    assert_eq!(c["format"], "mosaic-colocations/1");
+    assert_eq!(c["device"], p["device"]["name"]);
+    assert_eq!(c["samples"].as_array().unwrap().len(), 3);
+
+    let o = mosaic(&[
+        "plan",
+        "--profiles",
+        s(&measured),
+        "--gpus",
+        "2",
+        "--out",
+        s(&plan),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mosaic(&[
+        "fit",
+        "--profiles",
+        s(&measured),
+        "--colocations",
+        s(&coloc),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("interference fit"), "{}", stdout(&o));
+    // The plan made from the measured profile drives the engine model it was measured on.
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&plan),
+        "--batch",
+        "8",
+        "--steps",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn unknown_engine_model_exits_2_naming_the_known_ones() {
+    let o = mosaic(&["profile", "--engine", "--model", "clip-huge"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("\"clip-huge\"") && e.contains("clip-tiny") && e.contains("omni-tiny"),
+        "{e}"
+    );
+    assert!(
+        stdout(&o).is_empty(),
+        "nothing is written on bad input: {}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn bad_settings_exit_2() {
+    let o = mosaic(&["profile", "--engine", "--model", "clip-tiny", "--reps", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--reps"), "{}", stderr(&o));
+    // Engine settings without --engine, and --colocations without a file to write.
+    let o = mosaic(&[
+        "profile",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--reps",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = mosaic(&[
+        "profile",
+        "--engine",
+        "--model",
+        "clip-tiny",
+        "--colocations",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--colocations-out"), "{}", stderr(&o));
+}
