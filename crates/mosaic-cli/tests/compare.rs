@@ -5,28 +5,6 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-fn mosaic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(args)
-        .output()
-        .expect("the mosaic binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Runs a command that must succeed and print JSON, and returns the JSON.
-fn json_of(args: &[&str]) -> Value {
-    let o = mosaic(args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("stdout is JSON")
-}
-
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/ofasys-h100x8.json")
-}
-
 const NAMES: [&str; 7] = [
     "Megatron-LM",
     "DistMM",

@@ -8,40 +8,6 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn mosaic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(args)
-        .output()
-        .expect("the mosaic binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A fresh directory for one test.
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "mosaic-engine-profile-test-{}-{test}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 #[test]
 fn measured_profiles_feed_plan_fit_and_train() {
     let d = dir("pipeline");
@@ -75,7 +41,7 @@ fn measured_profiles_feed_plan_fit_and_train() {
         "{err}"
     );
 
-    let p = json(&measured);
+    let p = read_json(&measured);
     assert_eq!(p["format"], "mosaic-profiles/1");
     let cores = p["device"]["sm_count"].as_u64().unwrap();
     assert!(cores >= 1 && p["device"]["memory_gib"].as_f64().unwrap() > 0.0);
@@ -104,7 +70,7 @@ fn measured_profiles_feed_plan_fit_and_train() {
     }
     assert!(p["source"].as_str().unwrap().contains("clip-tiny"));
 
-    let c = json(&coloc);
+    let c = read_json(&coloc);
     assert_eq!(c["format"], "mosaic-colocations/1");
     assert_eq!(c["device"], p["device"]["name"]);
     assert_eq!(c["samples"].as_array().unwrap().len(), 3);

@@ -5,32 +5,6 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn mosaic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(args)
-        .output()
-        .expect("the mosaic binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A fresh directory for one test.
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mosaic-sim-test-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &std::path::Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Plans `model` on `cluster` into `dir/plan.json` and returns its path.
 fn plan(dir: &std::path::Path, model: &str, cluster: &str) -> PathBuf {
     let out = dir.join("plan.json");
@@ -47,10 +21,6 @@ fn plan(dir: &std::path::Path, model: &str, cluster: &str) -> PathBuf {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     out
-}
-
-fn read_json(p: &std::path::Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 #[test]

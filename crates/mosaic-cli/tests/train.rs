@@ -8,33 +8,6 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn mosaic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(args)
-        .output()
-        .expect("the mosaic binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A fresh directory for one test.
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mosaic-train-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// The JSON lines of a `--json-log` run.
 fn events(o: &Output) -> Vec<Value> {
     assert!(o.status.success(), "{}", stderr(o));

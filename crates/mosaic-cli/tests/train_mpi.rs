@@ -26,17 +26,6 @@ fn mosaic(ranks: Option<usize>, args: &[&str]) -> Output {
         .expect("mpirun (openmpi-bin) is installed: the mpi feature needs OpenMPI")
 }
 
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mosaic-mpi-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// The step losses of a `--json-log` run, and its start event.
 fn run(o: &Output) -> (Value, Vec<f32>) {
     let text = String::from_utf8_lossy(&o.stdout);

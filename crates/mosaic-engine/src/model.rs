@@ -117,6 +117,39 @@ pub trait DataSource: Send + Sync {
     fn fields(&self) -> Vec<crate::data::Field>;
 }
 
+impl Module {
+    /// A replica's inputs cut from the whole batch's `wholes` (in [`Module::inputs`] order):
+    /// its shard's rows for a sharded module, everything for a gathered one. Inputs from other
+    /// modules become fresh leaf variables (returned beside, `None` for data inputs), so that
+    /// backward stops at the module boundary and yields ∂loss/∂input there.
+    pub(crate) fn replica_inputs(
+        &self,
+        wholes: impl IntoIterator<Item = Tensor>,
+        shard: &Shard,
+    ) -> Result<(Vec<Tensor>, Vec<Option<candle_core::Var>>)> {
+        let mut xs = Vec::with_capacity(self.inputs.len());
+        let mut vars = Vec::with_capacity(self.inputs.len());
+        for (input, whole) in self.inputs.iter().zip(wholes) {
+            let x = match self.coupling {
+                Coupling::Sharded => whole.narrow(0, shard.rows.start, shard.rows.len())?,
+                Coupling::Gathered => whole,
+            };
+            match input {
+                Input::Module(_) => {
+                    let v = candle_core::Var::from_tensor(&x)?;
+                    xs.push(v.as_tensor().clone());
+                    vars.push(Some(v));
+                }
+                Input::Data(_) => {
+                    xs.push(x);
+                    vars.push(None);
+                }
+            }
+        }
+        Ok((xs, vars))
+    }
+}
+
 /// A multimodal model the engine can train: modules in topological order and its data.
 pub struct Model {
     /// Its name (`clip-tiny`, `omni-tiny`).

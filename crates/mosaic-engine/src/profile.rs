@@ -103,7 +103,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::model::{shards, Coupling, Input, Model, Output, Shard};
+use crate::model::{shards, Input, Model, Output, Shard};
 use crate::models;
 use crate::nn::Params;
 use crate::optim::{AdamW, AdamWConfig};
@@ -802,25 +802,7 @@ impl Profiler {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
-        let mut xs = Vec::with_capacity(module.inputs.len());
-        let mut vars = Vec::with_capacity(module.inputs.len());
-        for (input, whole) in module.inputs.iter().zip(&prep.inputs) {
-            let x = match module.coupling {
-                Coupling::Sharded => whole.narrow(0, shard.rows.start, shard.rows.len())?,
-                Coupling::Gathered => whole.clone(),
-            };
-            match input {
-                Input::Module(_) => {
-                    let v = Var::from_tensor(&x)?;
-                    xs.push(v.as_tensor().clone());
-                    vars.push(Some(v));
-                }
-                Input::Data(_) => {
-                    xs.push(x);
-                    vars.push(None);
-                }
-            }
-        }
+        let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
         let out = module.net.forward(&xs, shard)?;
         let forward_ms = ms(t);
 

@@ -484,29 +484,11 @@ impl Trainer {
             .local_shards(m, dp)
             .into_par_iter()
             .map(|shard| -> candle_core::Result<ReplicaTape> {
-                let mut xs = Vec::with_capacity(module.inputs.len());
-                let mut vars = Vec::with_capacity(module.inputs.len());
-                for input in &module.inputs {
-                    let whole = match input {
-                        Input::Data(key) => batch.tensors[key].clone(),
-                        Input::Module(p) => outputs[*p].clone().expect("producers run earlier"),
-                    };
-                    let x = match module.coupling {
-                        Coupling::Sharded => whole.narrow(0, shard.rows.start, shard.rows.len())?,
-                        Coupling::Gathered => whole,
-                    };
-                    match input {
-                        Input::Module(_) => {
-                            let v = Var::from_tensor(&x)?;
-                            xs.push(v.as_tensor().clone());
-                            vars.push(Some(v));
-                        }
-                        Input::Data(_) => {
-                            xs.push(x);
-                            vars.push(None);
-                        }
-                    }
-                }
+                let wholes = module.inputs.iter().map(|input| match input {
+                    Input::Data(key) => batch.tensors[key].clone(),
+                    Input::Module(p) => outputs[*p].clone().expect("producers run earlier"),
+                });
+                let (xs, vars) = module.replica_inputs(wholes, &shard)?;
                 let out = module.net.forward(&xs, &shard)?;
                 Ok(ReplicaTape {
                     rows: shard.rows,
