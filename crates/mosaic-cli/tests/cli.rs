@@ -1,9 +1,11 @@
 //! Drives the `mosaic` binary as a user would.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
 use serde_json::{json, Value};
+
+mod common;
+use common::{example, json_of, mosaic, stderr, stdout};
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mosaic-cli-test-{}", std::process::id()));

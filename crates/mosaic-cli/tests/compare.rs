@@ -1,9 +1,9 @@
 //! `mosaic compare` as a user runs it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
 use serde_json::{json, Value};
+
+mod common;
+use common::{example, json_of, mosaic, stderr};
 
 const NAMES: [&str; 7] = [
     "Megatron-LM",

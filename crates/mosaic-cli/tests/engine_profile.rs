@@ -3,10 +3,8 @@
 //! by `mosaic train`; and bad input.
 #![cfg(feature = "engine")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use serde_json::Value;
+mod common;
+use common::{dir, mosaic, read_json, s, stderr, stdout};
 
 #[test]
 fn measured_profiles_feed_plan_fit_and_train() {

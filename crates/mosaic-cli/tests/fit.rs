@@ -2,9 +2,11 @@
 //! colocations in the simulator, fit the interference term, plan with the fitted profile.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
+
+mod common;
+use common::{dir, mosaic, read_json, s, stderr, stdout};
 
 /// `mosaic simulate --colocations n` of OFASys on h100x8 into `dir/c.json`.
 fn colocations(dir: &Path, n: &str) -> PathBuf {

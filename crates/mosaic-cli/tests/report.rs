@@ -1,15 +1,13 @@
 //! `mosaic report` as a user runs it.
 
-use std::process::Command;
+mod common;
+use common::{dir, mosaic, s, stderr};
 
 #[test]
 fn report_writes_the_table_the_charts_and_the_data() {
-    let out = std::env::temp_dir().join(format!("mosaic-report-{}", std::process::id()));
-    let o = Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(["report", "--out", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = dir("report");
+    let o = mosaic(&["report", "--out", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let table = std::fs::read_to_string(out.join("table.md")).unwrap();
     for model in [
         "clip",

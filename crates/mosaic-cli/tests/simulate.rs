@@ -1,9 +1,11 @@
 //! Drives `mosaic simulate` as a user would: plan, then simulate the plan file.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use serde_json::Value;
+
+mod common;
+use common::{dir, mosaic, read_json, s, stderr, stdout};
 
 /// Plans `model` on `cluster` into `dir/plan.json` and returns its path.
 fn plan(dir: &std::path::Path, model: &str, cluster: &str) -> PathBuf {

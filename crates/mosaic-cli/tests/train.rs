@@ -8,6 +8,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod common;
+use common::{dir, mosaic, s, stderr, stdout};
+
 /// The JSON lines of a `--json-log` run.
 fn events(o: &Output) -> Vec<Value> {
     assert!(o.status.success(), "{}", stderr(o));

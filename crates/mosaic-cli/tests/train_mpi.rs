@@ -7,6 +7,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::{dir, s};
+
 /// `mosaic args…` alone, or under `mpirun -np ranks`.
 fn mosaic(ranks: Option<usize>, args: &[&str]) -> Output {
     let bin = env!("CARGO_BIN_EXE_mosaic");
