@@ -193,10 +193,16 @@ fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
             "1",
         ],
         &["train", "--model", "clip-tiny", "--checkpoint-every", "0"],
+        &["train", "--model", "clip-tiny", "--collective", "gloo"],
     ] {
         let o = mosaic(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
     }
+
+    // NCCL sums across ranks; a process started without mpirun has none.
+    let o = mosaic(&["train", "--model", "clip-tiny", "--collective", "nccl"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--collective nccl"), "{}", stderr(&o));
 }
 
 #[test]

@@ -119,6 +119,52 @@ fn two_processes_train_like_one() {
     close(&one, &two);
 }
 
+/// `--collective nccl`: with NCCL and a GPU per rank, the losses of one process; without
+/// them (CI has no GPU), every rank stops at start-up with an error naming why, and the test
+/// says it skipped the GPU part.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_sums_like_one_process_or_refuses_cleanly() {
+    let d = dir("nccl");
+    let plan = mixed_plan(&d);
+    let args = [
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&plan),
+        "--steps",
+        "6",
+        "--json-log",
+    ];
+    let with_nccl = [&args[..], &["--collective", "nccl"]].concat();
+    let o = mosaic(Some(2), &with_nccl);
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("--collective nccl: NCCL cannot be used here"),
+            "{err}"
+        );
+        let why = [
+            "no usable CUDA driver or GPU",
+            "no NCCL library",
+            "NCCL needs a GPU per rank",
+        ];
+        assert!(why.iter().any(|w| err.contains(w)), "{err}");
+        assert!(
+            String::from_utf8_lossy(&o.stdout).trim().is_empty(),
+            "no step ran"
+        );
+        eprintln!("skipped: NCCL on GPUs (the run was refused cleanly): {err}");
+        return;
+    }
+    let (start, two) = run(&o);
+    assert_eq!(start["collective"], "nccl");
+    let (_, one) = run(&mosaic(None, &args));
+    close(&one, &two);
+}
+
 #[test]
 fn two_processes_checkpoint_and_resume_exactly() {
     let d = dir("resume");

@@ -64,6 +64,8 @@ pub mod trainer;
 pub use candle_core::Device;
 #[cfg(feature = "mpi")]
 pub use collective::Mpi;
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+pub use collective::Nccl;
 pub use collective::{Collective, InProcess};
 pub use error::EngineError;
 pub use model::{Model, Module};

@@ -33,6 +33,11 @@ pub struct Args {
     /// them all); sm sets the slot's threads, round(sm × cores), at least 1.
     #[arg(long)]
     plan: Option<PathBuf>,
+    /// How ranks started by `mpirun` sum a module's gradients: over MPI in host memory, or
+    /// with NCCL on each rank's GPU (a build with features mpi and cuda, a GPU per rank; the
+    /// compute stays on the CPU, so NCCL moves the host gradients through the GPU).
+    #[arg(long, value_enum, default_value_t = Backend::Mpi)]
+    collective: Backend,
     /// Train until this many steps are done (a resumed run continues up to it).
     #[arg(long, default_value_t = 50)]
     steps: u64,
@@ -94,7 +99,7 @@ pub fn run(args: Args) -> Result<()> {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
-    let collective = collective()?;
+    let collective = collective(args.collective)?;
     let (rank, world) = (collective.rank(), collective.world());
     if world > 1 && args.bench_slots {
         return Err(
@@ -311,24 +316,65 @@ fn describe_fields(fields: &[Field]) -> String {
     f.join(", ")
 }
 
+/// How the ranks of an `mpirun` run sum gradients (`--collective`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    /// MPI all-reduce of host memory.
+    Mpi,
+    /// NCCL all-reduce on each rank's GPU.
+    Nccl,
+}
+
 /// The ranks of this run: MPI's when an MPI launcher started this process, else this process
-/// alone.
+/// alone; `backend` sums gradients across MPI's ranks.
 #[cfg(feature = "mpi")]
-fn collective() -> Result<Box<dyn Collective>> {
-    Ok(match mosaic_engine::Mpi::launched().map_err(engine)? {
-        Some(mpi) => Box::new(mpi),
-        None => Box::new(InProcess),
-    })
+fn collective(backend: Backend) -> Result<Box<dyn Collective>> {
+    let Some(mpi) = mosaic_engine::Mpi::launched().map_err(engine)? else {
+        if backend == Backend::Nccl {
+            return Err(BadInput(
+                "--collective nccl: sums gradients across ranks started by mpirun, but this \
+                 process runs alone (start it with `mpirun -np N`)"
+                    .into(),
+            )
+            .into());
+        }
+        return Ok(Box::new(InProcess));
+    };
+    match backend {
+        Backend::Mpi => Ok(Box::new(mpi)),
+        Backend::Nccl => nccl(mpi),
+    }
+}
+
+/// NCCL over MPI's ranks: every rank fails alike, naming why, where one cannot use it.
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+fn nccl(mpi: mosaic_engine::Mpi) -> Result<Box<dyn Collective>> {
+    let nccl = mosaic_engine::Nccl::new(mpi).context(
+        "--collective nccl: NCCL cannot be used here (--collective mpi sums on the host)",
+    )?;
+    Ok(Box::new(nccl))
+}
+
+/// NCCL needs the `cuda` feature.
+#[cfg(all(feature = "mpi", not(feature = "cuda")))]
+fn nccl(_mpi: mosaic_engine::Mpi) -> Result<Box<dyn Collective>> {
+    Err(BadInput(
+        "--collective nccl: this mosaic was built without CUDA: rebuild with \
+         `cargo build --release -p mosaic-cli --features mpi,cuda`"
+            .into(),
+    )
+    .into())
 }
 
 /// This process alone; refuses to run as one of several ranks, which would train copies.
 #[cfg(not(feature = "mpi"))]
-fn collective() -> Result<Box<dyn Collective>> {
+fn collective(backend: Backend) -> Result<Box<dyn Collective>> {
     let ranks = std::env::var("OMPI_COMM_WORLD_SIZE").or_else(|_| std::env::var("PMI_SIZE"));
-    if ranks.is_ok_and(|n| n != "1") {
+    if backend == Backend::Nccl || ranks.is_ok_and(|n| n != "1") {
         return Err(BadInput(
-            "started by an MPI launcher, but this mosaic was built without MPI: rebuild with \
-             `cargo build --release -p mosaic-cli --features mpi` (needs libopenmpi-dev)"
+            "ranks started by an MPI launcher (or --collective nccl), but this mosaic was built \
+             without MPI: rebuild with `cargo build --release -p mosaic-cli --features mpi` \
+             (needs libopenmpi-dev)"
                 .into(),
         )
         .into());

@@ -11,7 +11,9 @@
 //!   with another `dp` on other ranks can cut its own shards.
 //!
 //! [`InProcess`] is the one-rank case (every call is the identity); `Mpi` (feature `mpi`) runs
-//! the ranks as processes started by `mpirun`.
+//! the ranks as processes started by `mpirun`; `Nccl` (features `mpi` and `cuda`) wraps an
+//! `Mpi` and sums gradients with NCCL on each rank's GPU (compile-checked only: the compute is
+//! on the CPU, so it moves host gradients through the GPU).
 //!
 //! Gradient semantics: each replica computes the gradient of *its share* of the batch loss
 //! (the loss is a mean over the whole batch, and a replica's share is the sum of its samples'
@@ -26,6 +28,12 @@ mod mpi;
 #[cfg(feature = "mpi")]
 pub use self::mpi::Mpi;
 
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+mod nccl;
+
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+pub use self::nccl::Nccl;
+
 use crate::error::EngineError;
 
 /// How the ranks of a run exchange data. Every rank calls [`Collective::all_gather`] and
@@ -33,7 +41,7 @@ use crate::error::EngineError;
 /// [`Collective::all_reduce_module`] is called only by the ranks of the module's group, from
 /// the module's slot, possibly at the same time as other modules' calls.
 pub trait Collective: Send + Sync {
-    /// A short name for logs (`in-process`, `mpi`).
+    /// A short name for logs (`in-process`, `mpi`, `nccl`).
     fn name(&self) -> &'static str;
 
     /// This process's rank, `0..world()`.

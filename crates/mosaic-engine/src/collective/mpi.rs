@@ -64,6 +64,21 @@ impl Mpi {
             _universe: universe,
         }))
     }
+
+    /// Every rank receives rank `root`'s `buf` in its own `buf` (of the same length), on the
+    /// world communicator: a collective call every rank makes, in the same order. For small
+    /// control data, such as the NCCL unique ids `Nccl` hands out.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<(), EngineError> {
+        if root >= self.size {
+            return Err(collective(format!(
+                "broadcast from rank {root} in a world of {}",
+                self.size
+            )));
+        }
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+        Ok(())
+    }
 }
 
 fn collective(message: String) -> EngineError {
