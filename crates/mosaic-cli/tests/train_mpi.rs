@@ -71,6 +71,20 @@ fn mixed_plan(d: &Path) -> PathBuf {
     path
 }
 
+/// `train --model clip-tiny --plan plan --steps steps --json-log`.
+fn clip_by<'a>(plan: &'a Path, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(plan),
+        "--steps",
+        steps,
+        "--json-log",
+    ]
+}
+
 fn close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -86,16 +100,7 @@ fn close(a: &[f32], b: &[f32]) {
 fn two_processes_train_like_one() {
     let d = dir("like-one");
     let plan = mixed_plan(&d);
-    let args = [
-        "train",
-        "--model",
-        "clip-tiny",
-        "--plan",
-        s(&plan),
-        "--steps",
-        "12",
-        "--json-log",
-    ];
+    let args = clip_by(&plan, "12");
     let (start, two) = run(&mosaic(Some(2), &args));
     assert_eq!(start["collective"], "mpi");
     assert_eq!(start["ranks"], 2);
@@ -127,16 +132,7 @@ fn two_processes_train_like_one() {
 fn nccl_sums_like_one_process_or_refuses_cleanly() {
     let d = dir("nccl");
     let plan = mixed_plan(&d);
-    let args = [
-        "train",
-        "--model",
-        "clip-tiny",
-        "--plan",
-        s(&plan),
-        "--steps",
-        "6",
-        "--json-log",
-    ];
+    let args = clip_by(&plan, "6");
     let with_nccl = [&args[..], &["--collective", "nccl"]].concat();
     let o = mosaic(Some(2), &with_nccl);
     if !o.status.success() {
@@ -171,18 +167,8 @@ fn two_processes_checkpoint_and_resume_exactly() {
     let plan = mixed_plan(&d);
     let ckpt = d.join("ckpt");
     let train = |steps: &str, ckpt: Option<&Path>| {
-        let mut args = vec![
-            "train",
-            "--model",
-            "clip-tiny",
-            "--plan",
-            s(&plan),
-            "--steps",
-            steps,
-            "--json-log",
-            "--checkpoint-every",
-            "4",
-        ];
+        let mut args = clip_by(&plan, steps);
+        args.extend(["--checkpoint-every", "4"]);
         if let Some(c) = ckpt {
             args.extend(["--checkpoint-dir", s(c)]);
         }

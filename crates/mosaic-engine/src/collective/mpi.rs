@@ -66,10 +66,14 @@ impl Mpi {
     }
 
     /// Every rank receives rank `root`'s `buf` in its own `buf` (of the same length), on the
-    /// world communicator: a collective call every rank makes, in the same order. For small
-    /// control data, such as the NCCL unique ids `Nccl` hands out.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<(), EngineError> {
+    /// world communicator: a collective call every rank makes, in the same order. Floats for
+    /// [`Collective::broadcast`], bytes for small control data such as the NCCL unique ids
+    /// `Nccl` hands out.
+    pub(crate) fn broadcast_into<T: Equivalence>(
+        &self,
+        root: usize,
+        buf: &mut [T],
+    ) -> Result<(), EngineError> {
         if root >= self.size {
             return Err(collective(format!(
                 "broadcast from rank {root} in a world of {}",
@@ -176,13 +180,6 @@ impl Collective for Mpi {
     }
 
     fn broadcast(&self, root: usize, buf: &mut [f32]) -> Result<(), EngineError> {
-        if root >= self.size {
-            return Err(collective(format!(
-                "broadcast from rank {root} in a world of {}",
-                self.size
-            )));
-        }
-        self.world.process_at_rank(root as i32).broadcast_into(buf);
-        Ok(())
+        self.broadcast_into(root, buf)
     }
 }

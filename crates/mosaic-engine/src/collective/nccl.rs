@@ -300,7 +300,7 @@ impl Collective for Nccl {
                     Err(e) => why = Some(format!("{:?}", e.0)),
                 }
             }
-            self.mpi.broadcast_bytes(root, &mut msg)?;
+            self.mpi.broadcast_into(root, &mut msg)?;
             if msg[0] != 1 {
                 return Err(nccl(format!(
                     "module {m}: rank {root} could not create an NCCL id{}",
