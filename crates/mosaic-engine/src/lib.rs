@@ -35,7 +35,8 @@
 //!   hold SM partitions and streams; module compute stays on CPU slots, see [`slot`]).
 //! - [`collective`]: what crosses processes: gradients summed over a module's ranks, and
 //!   activations and their gradients redistributed at module boundaries ([`InProcess`] for
-//!   one process, `Mpi` with the `mpi` feature for `mpirun`).
+//!   one process, `Mpi` with the `mpi` feature for `mpirun`, `Nccl` with `mpi` and `cuda` for
+//!   gradients summed on GPUs).
 //! - [`trainer`]: the iteration — forward by stages, backward by stages in reverse, activations
 //!   and gradients handed across module boundaries detached.
 //! - [`optim`]: AdamW with its state exposed; [`checkpoint`]: atomic `mosaic-checkpoint/1`
