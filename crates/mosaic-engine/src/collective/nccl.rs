@@ -215,11 +215,6 @@ impl Nccl {
             }),
         }
     }
-
-    /// The CUDA device ordinal this rank uses.
-    pub fn device(&self) -> usize {
-        self.ctx.ordinal()
-    }
 }
 
 impl ModuleComm {
