@@ -30,6 +30,22 @@ struct Run {
 }
 
 impl Run {
+    /// Module `m` started at `start` on `gpus` (`dp` of them), with all its work left.
+    fn new(m: usize, dp: u32, gpus: Vec<u32>, start: f64, whole: &[Vec<QuotaOption>]) -> Self {
+        Run {
+            module: m,
+            start,
+            left: 1.0,
+            sync: 0.0,
+            time_ms: time_at(whole, m, dp),
+            slices: vec![Slice {
+                dp,
+                gpus,
+                fraction: 0.0,
+            }],
+        }
+    }
+    /// The slice it is running now.
     fn current(&self) -> &Slice {
         self.slices.last().expect("a run has a slice")
     }
@@ -41,6 +57,23 @@ impl Run {
             0.0
         }
     }
+    /// Lets `dt` ms pass: pays the slice's sync first, then progresses (finishes if within
+    /// rounding of its end).
+    fn advance(&mut self, dt: f64) {
+        let rem = self.remaining();
+        let slice = self.slices.last_mut().expect("a run has a slice");
+        if rem - dt <= 1e-9 * rem.max(1.0) {
+            slice.fraction += self.left;
+            self.left = 0.0;
+            self.sync = 0.0;
+        } else {
+            let paid = dt.min(self.sync);
+            self.sync -= paid;
+            let progress = (dt - paid) / self.time_ms;
+            self.left -= progress;
+            slice.fraction += progress;
+        }
+    }
 }
 
 /// Whole-GPU time of module `m` at `dp`.
@@ -50,6 +83,28 @@ fn time_at(whole: &[Vec<QuotaOption>], m: usize, dp: u32) -> f64 {
         .find(|o| o.dp == dp)
         .map(|o| o.time_ms)
         .expect("a whole-GPU option of the module")
+}
+
+/// Marks `on` as held in `held`.
+fn hold(held: &mut [bool], on: &[u32]) {
+    for &g in on {
+        held[g as usize] = true;
+    }
+}
+
+/// The smallest of `taus` at which the modules' GPU counts `dps(tau)` (`None` where a module
+/// has no choice within `tau`) add up to at most `gpus`.
+fn smallest_fitting<I: Iterator<Item = Option<u32>>>(
+    mut taus: Vec<f64>,
+    gpus: u32,
+    dps: impl Fn(f64) -> I,
+) -> Option<f64> {
+    taus.sort_by(f64::total_cmp);
+    taus.into_iter().find(|&tau| {
+        dps(tau)
+            .try_fold(0u32, |acc, d| d.map(|d| acc + d))
+            .is_some_and(|need| need <= gpus)
+    })
 }
 
 /// A stage to schedule: its first wave and the modules waiting in it, by priority.
@@ -80,18 +135,7 @@ fn schedule_stage(
     let mut runs: Vec<Run> = spec
         .first
         .iter()
-        .map(|(m, dp, g)| Run {
-            module: *m,
-            start: 0.0,
-            left: 1.0,
-            sync: 0.0,
-            time_ms: time_at(whole, *m, *dp),
-            slices: vec![Slice {
-                dp: *dp,
-                gpus: g.clone(),
-                fraction: 0.0,
-            }],
-        })
+        .map(|(m, dp, g)| Run::new(*m, *dp, g.clone(), 0.0, whole))
         .collect();
     let mut waiting = spec.waiting.clone();
     let mut now = 0.0;
@@ -110,25 +154,103 @@ fn schedule_stage(
             continue;
         }
         for r in runs.iter_mut().filter(|r| r.left > 0.0) {
-            let rem = r.remaining();
-            let slice = r.slices.last_mut().expect("a run has a slice");
-            if rem - dt <= 1e-9 * rem.max(1.0) {
-                slice.fraction += r.left;
-                r.left = 0.0;
-                r.sync = 0.0;
-            } else {
-                let paid = dt.min(r.sync);
-                r.sync -= paid;
-                let progress = (dt - paid) / r.time_ms;
-                r.left -= progress;
-                slice.fraction += progress;
-            }
+            r.advance(dt);
         }
         now += dt;
         rebalance(&mut runs, whole, gpus, sync_ms);
         start_waiting(&mut runs, &mut waiting, now, whole, gpus);
     }
     Scheduled { time_ms: now, runs }
+}
+
+/// The stage's GPUs at one instant, as waiting modules start on the free ones.
+struct Launch<'a> {
+    runs: &'a mut Vec<Run>,
+    held: Vec<bool>,
+    now: f64,
+    whole: &'a [Vec<QuotaOption>],
+    gpus: u32,
+}
+
+impl<'a> Launch<'a> {
+    /// The pool at `now`, with the GPUs of the unfinished runs held.
+    fn new(runs: &'a mut Vec<Run>, now: f64, whole: &'a [Vec<QuotaOption>], gpus: u32) -> Self {
+        let mut held = vec![false; gpus as usize];
+        for r in runs.iter().filter(|r| r.left > 0.0) {
+            hold(&mut held, &r.current().gpus);
+        }
+        Launch {
+            runs,
+            held,
+            now,
+            whole,
+            gpus,
+        }
+    }
+
+    /// Starts module `m` on the `dp` lowest free GPUs.
+    fn start(&mut self, m: usize, dp: u32) {
+        let on: Vec<u32> = (0..self.gpus)
+            .filter(|&g| !self.held[g as usize])
+            .take(dp as usize)
+            .collect();
+        debug_assert_eq!(on.len(), dp as usize);
+        hold(&mut self.held, &on);
+        self.runs.push(Run::new(m, dp, on, self.now, self.whole));
+    }
+
+    /// The fewest GPUs on which module `m` takes at most `tau`.
+    fn fewest(&self, m: usize, tau: f64) -> Option<u32> {
+        self.whole[m]
+            .iter()
+            .filter(|o| o.time_ms <= tau)
+            .map(|o| o.dp)
+            .min()
+    }
+
+    /// The smallest time at which all `waiting` modules fit the pool together, if any.
+    fn min_max_target(&self, waiting: &[usize]) -> Option<f64> {
+        let taus: Vec<f64> = waiting
+            .iter()
+            .flat_map(|&m| self.whole[m].iter().map(|o| o.time_ms))
+            .collect();
+        smallest_fitting(taus, self.gpus, |tau| {
+            waiting.iter().map(move |&m| self.fewest(m, tau))
+        })
+    }
+
+    /// Starts module `m` on its fastest GPU count; returns its time.
+    fn start_fastest(&mut self, m: usize) -> f64 {
+        let best = self.whole[m]
+            .iter()
+            .min_by(|a, b| a.time_ms.total_cmp(&b.time_ms))
+            .expect("a whole-GPU option");
+        let (dp, time_ms) = (best.dp, best.time_ms);
+        self.start(m, dp);
+        time_ms
+    }
+
+    /// Starts, in order, each waiting module that fits the free GPUs and ends by `horizon`,
+    /// on the fewest GPUs that do.
+    fn fill(&mut self, waiting: &mut Vec<usize>, horizon: f64) {
+        let mut k = 0;
+        while k < waiting.len() {
+            let free = self.held.iter().filter(|&&h| !h).count() as u32;
+            let m = waiting[k];
+            let pick = self.whole[m]
+                .iter()
+                .filter(|o| o.dp <= free && o.time_ms <= horizon)
+                .map(|o| o.dp)
+                .min();
+            match pick {
+                Some(dp) => {
+                    waiting.remove(k);
+                    self.start(m, dp);
+                }
+                None => k += 1,
+            }
+        }
+    }
 }
 
 /// Starts waiting modules on the free GPUs (see the module docs).
@@ -142,147 +264,72 @@ fn start_waiting(
     if waiting.is_empty() {
         return;
     }
-    let mut held = vec![false; gpus as usize];
-    for r in runs.iter().filter(|r| r.left > 0.0) {
-        for &g in &r.current().gpus {
-            held[g as usize] = true;
-        }
-    }
-    let start = |m: usize, dp: u32, held: &mut Vec<bool>, runs: &mut Vec<Run>| {
-        let on: Vec<u32> = (0..gpus)
-            .filter(|&g| !held[g as usize])
-            .take(dp as usize)
-            .collect();
-        debug_assert_eq!(on.len(), dp as usize);
-        for &g in &on {
-            held[g as usize] = true;
-        }
-        runs.push(Run {
-            module: m,
-            start: now,
-            left: 1.0,
-            sync: 0.0,
-            time_ms: time_at(whole, m, dp),
-            slices: vec![Slice {
-                dp,
-                gpus: on,
-                fraction: 0.0,
-            }],
-        });
-    };
-    let mut horizon = runs.iter().map(Run::remaining).fold(0.0, f64::max);
+    let mut launch = Launch::new(runs, now, whole, gpus);
+    let mut horizon = launch.runs.iter().map(Run::remaining).fold(0.0, f64::max);
     if horizon == 0.0 {
         // A fresh wave: the min–max allocation of all waiting modules if they fit together,
         // else the longest one on its fastest GPU count (the others fill in below).
-        let fewest = |m: usize, tau: f64| {
-            whole[m]
-                .iter()
-                .filter(|o| o.time_ms <= tau)
-                .map(|o| o.dp)
-                .min()
-        };
-        let mut taus: Vec<f64> = waiting
-            .iter()
-            .flat_map(|&m| whole[m].iter().map(|o| o.time_ms))
-            .collect();
-        taus.sort_by(f64::total_cmp);
-        let fit = taus.into_iter().find(|&tau| {
-            waiting
-                .iter()
-                .map(|&m| fewest(m, tau))
-                .try_fold(0u32, |acc, d| d.map(|d| acc + d))
-                .is_some_and(|need| need <= gpus)
-        });
-        match fit {
+        match launch.min_max_target(waiting) {
             Some(tau) => {
                 for m in waiting.drain(..) {
-                    let dp = fewest(m, tau).expect("fits");
-                    start(m, dp, &mut held, runs);
+                    let dp = launch.fewest(m, tau).expect("fits");
+                    launch.start(m, dp);
                 }
                 return;
             }
-            None => {
-                let m = waiting.remove(0);
-                let best = whole[m]
-                    .iter()
-                    .min_by(|a, b| a.time_ms.total_cmp(&b.time_ms))
-                    .expect("a whole-GPU option");
-                start(m, best.dp, &mut held, runs);
-                horizon = best.time_ms;
-            }
+            None => horizon = launch.start_fastest(waiting.remove(0)),
         }
     }
     // Fill the free GPUs with modules that end before the stage's current end.
-    let mut k = 0;
-    while k < waiting.len() {
-        let free = held.iter().filter(|&&h| !h).count() as u32;
-        let m = waiting[k];
-        let pick = whole[m]
-            .iter()
-            .filter(|o| o.dp <= free && o.time_ms <= horizon)
-            .map(|o| o.dp)
-            .min();
-        match pick {
-            Some(dp) => {
-                waiting.remove(k);
-                start(m, dp, &mut held, runs);
-            }
-            None => k += 1,
-        }
-    }
+    launch.fill(waiting, horizon);
 }
 
-/// The wavefront step: re-allocates the unfinished modules over the pool when that finishes
-/// the stage strictly earlier.
-fn rebalance(runs: &mut [Run], whole: &[Vec<QuotaOption>], gpus: u32, sync_ms: f64) {
-    let active: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].left > 0.0).collect();
-    if active.is_empty() {
-        return;
-    }
-    let current = active
-        .iter()
-        .map(|&i| runs[i].remaining())
-        .fold(0.0, f64::max);
-    // Per active run: (dp, time to finish, keeps its GPUs).
-    let choices: Vec<Vec<(u32, f64, bool)>> = active
-        .iter()
-        .map(|&i| {
-            let r = &runs[i];
-            let dp = r.current().dp;
-            let mut c = vec![(dp, r.remaining(), true)];
-            c.extend(
-                whole[r.module]
-                    .iter()
-                    .filter(|o| o.dp != dp)
-                    .map(|o| (o.dp, sync_ms + r.left * o.time_ms, false)),
-            );
-            c
-        })
-        .collect();
-    let fewest = |c: &[(u32, f64, bool)], tau: f64| {
-        c.iter()
-            .filter(|x| x.1 <= tau)
-            .min_by_key(|x| (x.0, !x.2))
-            .copied()
-    };
-    let mut taus: Vec<f64> = choices
+/// A re-allocation choice of an active run: (dp, time to finish, keeps its GPUs).
+type Choice = (u32, f64, bool);
+
+/// The choices of run `r`: keeping its GPUs first, then moving to each other dp.
+fn choices_of(r: &Run, whole: &[Vec<QuotaOption>], sync_ms: f64) -> Vec<Choice> {
+    let dp = r.current().dp;
+    let mut c = vec![(dp, r.remaining(), true)];
+    c.extend(
+        whole[r.module]
+            .iter()
+            .filter(|o| o.dp != dp)
+            .map(|o| (o.dp, sync_ms + r.left * o.time_ms, false)),
+    );
+    c
+}
+
+/// The choice within `tau` on the fewest GPUs, keeping the GPUs on a tie.
+fn fewest_choice(c: &[Choice], tau: f64) -> Option<Choice> {
+    c.iter()
+        .filter(|x| x.1 <= tau)
+        .min_by_key(|x| (x.0, !x.2))
+        .copied()
+}
+
+/// The smallest target strictly below `current` at which every run has a choice and their
+/// GPUs fit the pool, if any.
+fn rebalance_target(choices: &[Vec<Choice>], current: f64, gpus: u32) -> Option<f64> {
+    let taus: Vec<f64> = choices
         .iter()
         .flatten()
         .map(|c| c.1)
         .filter(|&t| t < current * (1.0 - 1e-9))
         .collect();
-    taus.sort_by(f64::total_cmp);
-    let target = taus.into_iter().find(|&tau| {
+    smallest_fitting(taus, gpus, |tau| {
         choices
             .iter()
-            .map(|c| fewest(c, tau).map(|x| x.0))
-            .try_fold(0u32, |acc, d| d.map(|d| acc + d))
-            .is_some_and(|need| need <= gpus)
-    });
-    let Some(tau) = target else { return };
-    let mut picks: Vec<(u32, f64, bool)> = choices
+            .map(move |c| fewest_choice(c, tau).map(|x| x.0))
+    })
+}
+
+/// The fewest-GPU pick within `tau` of every run, switched back to keeping its GPUs where
+/// `tau` and the pool allow.
+fn picks_for(choices: &[Vec<Choice>], tau: f64, gpus: u32) -> Vec<Choice> {
+    let mut picks: Vec<Choice> = choices
         .iter()
-        .map(|c| fewest(c, tau).expect("feasible target"))
+        .map(|c| fewest_choice(c, tau).expect("feasible target"))
         .collect();
     // Keep modules on their GPUs where the target and the pool allow: fewer slices.
     let mut used: u32 = picks.iter().map(|p| p.0).sum();
@@ -293,13 +340,23 @@ fn rebalance(runs: &mut [Run], whole: &[Vec<QuotaOption>], gpus: u32, sync_ms: f
             picks[k] = keep;
         }
     }
+    picks
+}
+
+/// Applies `picks` to the `active` runs: moved runs start a new slice on free GPUs.
+fn reallocate(
+    runs: &mut [Run],
+    active: &[usize],
+    picks: &[Choice],
+    whole: &[Vec<QuotaOption>],
+    gpus: u32,
+    sync_ms: f64,
+) {
     // Kept modules hold their GPUs; moved ones take free GPUs, lowest first.
     let mut held = vec![false; gpus as usize];
     for (k, &i) in active.iter().enumerate() {
         if picks[k].2 {
-            for &g in &runs[i].current().gpus {
-                held[g as usize] = true;
-            }
+            hold(&mut held, &runs[i].current().gpus);
         }
     }
     let mut free = (0..gpus).filter(|&g| !held[g as usize]);
@@ -327,6 +384,28 @@ fn rebalance(runs: &mut [Run], whole: &[Vec<QuotaOption>], gpus: u32, sync_ms: f
             .expect("a whole-GPU option")
             .time_ms;
     }
+}
+
+/// The wavefront step: re-allocates the unfinished modules over the pool when that finishes
+/// the stage strictly earlier.
+fn rebalance(runs: &mut [Run], whole: &[Vec<QuotaOption>], gpus: u32, sync_ms: f64) {
+    let active: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].left > 0.0).collect();
+    if active.is_empty() {
+        return;
+    }
+    let current = active
+        .iter()
+        .map(|&i| runs[i].remaining())
+        .fold(0.0, f64::max);
+    let choices: Vec<Vec<Choice>> = active
+        .iter()
+        .map(|&i| choices_of(&runs[i], whole, sync_ms))
+        .collect();
+    let Some(tau) = rebalance_target(&choices, current, gpus) else {
+        return;
+    };
+    let picks = picks_for(&choices, tau, gpus);
+    reallocate(runs, &active, &picks, whole, gpus, sync_ms);
 }
 
 /// Two stages as one: the longer stage's first wave leads, the other's modules wait.
@@ -426,7 +505,23 @@ pub(crate) fn spindle_on(
 ) -> Result<StrategyResult, CompareError> {
     let gpus = partition.gpus;
     let whole = whole_gpu_all(model, gpus)?;
-    let mut stages: Vec<StageSpec> = partition
+    let stages = distmm_stages(model, partition, &whole);
+    let (stages, merges) = merge_waves(model, stages, &whole, gpus, sync_ms);
+    let mut tally = Tally::new(gpus);
+    for spec in &stages {
+        let sched = schedule_stage(spec, &whole, gpus, sync_ms);
+        tally.add_stage(model, &whole, &sched);
+    }
+    Ok(tally.result(partition, sync_ms, merges))
+}
+
+/// DistMM's stages as stage specs: each stage's allocation is its first wave, nothing waits.
+fn distmm_stages(
+    model: &PerfModel,
+    partition: &Plan,
+    whole: &[Vec<QuotaOption>],
+) -> Vec<StageSpec> {
+    partition
         .stages
         .iter()
         .map(|stage| {
@@ -442,7 +537,7 @@ pub(crate) fn spindle_on(
                 .collect();
             let lead_ms = first
                 .iter()
-                .map(|(m, dp, _)| time_at(&whole, *m, *dp))
+                .map(|(m, dp, _)| time_at(whole, *m, *dp))
                 .fold(0.0, f64::max);
             StageSpec {
                 set: first.iter().fold(ModuleSet::EMPTY, |s, (m, _, _)| {
@@ -453,8 +548,19 @@ pub(crate) fn spindle_on(
                 waiting: Vec::new(),
             }
         })
-        .collect();
-    let time = |spec: &StageSpec| schedule_stage(spec, &whole, gpus, sync_ms).time_ms;
+        .collect()
+}
+
+/// Waves across stages: merges stages GAHC-style while it gains; returns the stages and the
+/// number of merges.
+fn merge_waves(
+    model: &PerfModel,
+    mut stages: Vec<StageSpec>,
+    whole: &[Vec<QuotaOption>],
+    gpus: u32,
+    sync_ms: f64,
+) -> (Vec<StageSpec>, usize) {
+    let time = |spec: &StageSpec| schedule_stage(spec, whole, gpus, sync_ms).time_ms;
     let mut times: Vec<f64> = stages.iter().map(time).collect();
     for (s, t) in stages.iter().zip(&times) {
         debug_assert!(
@@ -462,26 +568,9 @@ pub(crate) fn spindle_on(
             "a Spindle stage is slower than DistMM's"
         );
     }
-    // Waves across stages: GAHC-style merging while it gains.
     let mut merges = 0;
     while stages.len() > 1 {
-        let reach = mosaic_plan::order::reachability(model, &stages, |s| s.set);
-        let mut best: Option<(f64, usize, usize, StageSpec)> = None;
-        for x in 0..stages.len() {
-            for y in x + 1..stages.len() {
-                if reach[x] >> y & 1 == 1 {
-                    continue;
-                }
-                let merged = merge(&stages[x], &stages[y], &whole);
-                let t = time(&merged);
-                let gain = times[x] + times[y] - t;
-                let threshold = best.as_ref().map_or(0.0, |b| b.0);
-                if gain > threshold + 1e-9 * (times[x] + times[y]).max(1.0) {
-                    best = Some((gain, x, y, merged));
-                }
-            }
-        }
-        let Some((_, x, y, merged)) = best else {
+        let Some((x, y, merged)) = best_merge(model, &stages, &times, whole, time) else {
             break;
         };
         merges += 1;
@@ -490,69 +579,139 @@ pub(crate) fn spindle_on(
         stages = mosaic_plan::order::topological(model, stages, |s| s.set);
         times = stages.iter().map(time).collect();
     }
+    (stages, merges)
+}
 
-    let mut ledger = Ledger::new(gpus);
-    let mut total = 0.0;
-    let mut stages_text = Vec::new();
-    let (mut sliced_modules, mut extra_slices, mut late) = (0, 0, 0);
-    for spec in &stages {
-        let sched = schedule_stage(spec, &whole, gpus, sync_ms);
-        total += sched.time_ms;
-        let mut parts = Vec::new();
-        for r in &sched.runs {
-            let slices: Vec<&Slice> = r.slices.iter().filter(|s| s.fraction > 0.0).collect();
-            for s in &slices {
-                let o = whole[r.module]
-                    .iter()
-                    .find(|o| o.dp == s.dp)
-                    .expect("option");
-                ledger.add(&s.gpus, 1.0, s.fraction * o.time_ms, o.sm_util);
+/// The independent pair of stages whose merge (timed by `time`) gains the most, if any gains.
+fn best_merge(
+    model: &PerfModel,
+    stages: &[StageSpec],
+    times: &[f64],
+    whole: &[Vec<QuotaOption>],
+    time: impl Fn(&StageSpec) -> f64,
+) -> Option<(usize, usize, StageSpec)> {
+    let reach = mosaic_plan::order::reachability(model, stages, |s| s.set);
+    let mut best: Option<(f64, usize, usize, StageSpec)> = None;
+    for x in 0..stages.len() {
+        for y in x + 1..stages.len() {
+            if reach[x] >> y & 1 == 1 {
+                continue;
             }
-            if slices.len() > 1 {
-                sliced_modules += 1;
-                extra_slices += slices.len() - 1;
+            let merged = merge(&stages[x], &stages[y], whole);
+            let t = time(&merged);
+            let gain = times[x] + times[y] - t;
+            let threshold = best.as_ref().map_or(0.0, |b| b.0);
+            if gain > threshold + 1e-9 * (times[x] + times[y]).max(1.0) {
+                best = Some((gain, x, y, merged));
             }
-            let dps: Vec<String> = slices.iter().map(|s| format!("dp{}", s.dp)).collect();
-            let mut text = format!("{} {}", model.modules[r.module].name, dps.join("→"));
-            if r.start > 0.0 {
-                late += 1;
-                text.push_str(&format!(" (from {:.1} ms)", r.start));
-            }
-            parts.push(text);
         }
-        stages_text.push(parts.join(" ∥ "));
     }
-    let iteration_ms = round_ms(total);
-    let util = ledger.utilisation(iteration_ms);
-    let mut notes = Vec::new();
-    if sliced_modules > 0 {
-        notes.push(format!(
-            "{sliced_modules} module(s) sliced across waves ({extra_slices} extra slice(s), \
-             {sync_ms} ms sync each; → marks a slice moving to another GPU count)"
-        ));
+    best.map(|(_, x, y, merged)| (x, y, merged))
+}
+
+/// What the scheduled stages add up to: GPU work, time, descriptions and counts for the notes.
+struct Tally {
+    ledger: Ledger,
+    total: f64,
+    stages_text: Vec<String>,
+    sliced_modules: usize,
+    extra_slices: usize,
+    late: usize,
+}
+
+impl Tally {
+    /// Nothing scheduled yet on `gpus` GPUs.
+    fn new(gpus: u32) -> Self {
+        Tally {
+            ledger: Ledger::new(gpus),
+            total: 0.0,
+            stages_text: Vec::new(),
+            sliced_modules: 0,
+            extra_slices: 0,
+            late: 0,
+        }
     }
-    if late > 0 {
-        notes.push(format!(
-            "{merges} stage merge(s): {late} module(s) start in a later wave of a stage"
-        ));
+
+    /// Adds a scheduled stage: its time, its runs' work and its description.
+    fn add_stage(&mut self, model: &PerfModel, whole: &[Vec<QuotaOption>], sched: &Scheduled) {
+        self.total += sched.time_ms;
+        let parts: Vec<String> = sched
+            .runs
+            .iter()
+            .map(|r| self.add_run(model, whole, r))
+            .collect();
+        self.stages_text.push(parts.join(" ∥ "));
     }
-    let unchanged = sliced_modules == 0 && merges == 0;
-    if unchanged {
-        notes.push("neither slicing nor merging waves pays off: DistMM's schedule".to_string());
+
+    /// Adds the work of run `r`'s slices, counts its slices and late start; describes it.
+    fn add_run(&mut self, model: &PerfModel, whole: &[Vec<QuotaOption>], r: &Run) -> String {
+        let slices: Vec<&Slice> = r.slices.iter().filter(|s| s.fraction > 0.0).collect();
+        for s in &slices {
+            let o = whole[r.module]
+                .iter()
+                .find(|o| o.dp == s.dp)
+                .expect("option");
+            self.ledger
+                .add(&s.gpus, 1.0, s.fraction * o.time_ms, o.sm_util);
+        }
+        if slices.len() > 1 {
+            self.sliced_modules += 1;
+            self.extra_slices += slices.len() - 1;
+        }
+        let dps: Vec<String> = slices.iter().map(|s| format!("dp{}", s.dp)).collect();
+        let mut text = format!("{} {}", model.modules[r.module].name, dps.join("→"));
+        if r.start > 0.0 {
+            self.late += 1;
+            text.push_str(&format!(" (from {:.1} ms)", r.start));
+        }
+        text
     }
-    Ok(StrategyResult {
-        strategy: Strategy::Spindle,
-        name: Strategy::Spindle.name().to_string(),
-        iteration_ms,
-        pipelined: false,
-        mean_util: util.mean,
-        min_util: util.min,
-        gpu_util: util.per_gpu,
-        description: stages_text.join(" | "),
-        note: Some(notes.join("; ")),
-        // Without slices or merges the schedule is DistMM's plan; waves are not a staged plan.
-        plan: unchanged.then(|| partition.clone()),
-    })
+
+    /// The notes on slicing and merging, given σ and the number of merges.
+    fn notes(&self, sync_ms: f64, merges: usize) -> Vec<String> {
+        let (sliced_modules, extra_slices, late) =
+            (self.sliced_modules, self.extra_slices, self.late);
+        let mut notes = Vec::new();
+        if sliced_modules > 0 {
+            notes.push(format!(
+                "{sliced_modules} module(s) sliced across waves ({extra_slices} extra slice(s), \
+                 {sync_ms} ms sync each; → marks a slice moving to another GPU count)"
+            ));
+        }
+        if late > 0 {
+            notes.push(format!(
+                "{merges} stage merge(s): {late} module(s) start in a later wave of a stage"
+            ));
+        }
+        if self.unchanged(merges) {
+            notes.push("neither slicing nor merging waves pays off: DistMM's schedule".to_string());
+        }
+        notes
+    }
+
+    /// Whether the schedule is DistMM's: no slices and no merges.
+    fn unchanged(&self, merges: usize) -> bool {
+        self.sliced_modules == 0 && merges == 0
+    }
+
+    /// The strategy's result on DistMM's plan `partition`.
+    fn result(&self, partition: &Plan, sync_ms: f64, merges: usize) -> StrategyResult {
+        let iteration_ms = round_ms(self.total);
+        let util = self.ledger.utilisation(iteration_ms);
+        StrategyResult {
+            strategy: Strategy::Spindle,
+            name: Strategy::Spindle.name().to_string(),
+            iteration_ms,
+            pipelined: false,
+            mean_util: util.mean,
+            min_util: util.min,
+            gpu_util: util.per_gpu,
+            description: self.stages_text.join(" | "),
+            note: Some(self.notes(sync_ms, merges).join("; ")),
+            // Without slices or merges the schedule is DistMM's plan; waves are not a staged plan.
+            plan: self.unchanged(merges).then(|| partition.clone()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::error::ProfileError;
-use crate::format::{ProfileFile, FORMAT};
+use crate::format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
 use crate::model::MAX_MODULES;
 
 /// Reads and validates the profile file at `path`.
@@ -67,6 +67,7 @@ pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `Ok` if `ok`, else the error `msg` on the field named by `field`.
 fn check(
     ok: bool,
     file: &Path,
@@ -80,13 +81,26 @@ fn check(
     }
 }
 
+/// Whether `x` is finite and in [`lo`, `hi`].
 fn finite_in(x: f64, lo: f64, hi: f64) -> bool {
     x.is_finite() && x >= lo && x <= hi
 }
 
 /// Checks everything serde cannot: ranges, unique names, known edges, an acyclic graph.
 fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
-    let d = &p.device;
+    check_device(&p.device, file)?;
+    check_module_count(p, file)?;
+    let index = index_names(p, file)?;
+    for (i, m) in p.modules.iter().enumerate() {
+        check_after(i, m, &index, file)?;
+        check_samples(i, m, file)?;
+    }
+    check_interference(&p.interference, file)?;
+    check_acyclic(p, &index, file)
+}
+
+/// Checks that the device has SMs and a positive, finite memory capacity.
+fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
     check(
         d.sm_count > 0,
         file,
@@ -98,7 +112,11 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
         file,
         || "device.memory_gib".into(),
         "expected a positive, finite capacity in GiB",
-    )?;
+    )
+}
+
+/// Checks that there is at least one module and no more than `MAX_MODULES`.
+fn check_module_count(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
     check(
         !p.modules.is_empty(),
         file,
@@ -113,7 +131,14 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
             "at most {MAX_MODULES} modules are supported, found {}",
             p.modules.len()
         ),
-    )?;
+    )
+}
+
+/// Maps each module name to its index, rejecting empty and duplicate names.
+fn index_names<'a>(
+    p: &'a ProfileFile,
+    file: &Path,
+) -> Result<HashMap<&'a str, usize>, ProfileError> {
     let mut index = HashMap::new();
     for (i, m) in p.modules.iter().enumerate() {
         check(
@@ -130,83 +155,108 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
             ));
         }
     }
-    for (i, m) in p.modules.iter().enumerate() {
-        let mut seen = HashSet::new();
-        for (k, a) in m.after.iter().enumerate() {
-            let field = || format!("modules[{i}].after[{k}]");
-            check(
-                index.contains_key(a.as_str()),
-                file,
-                field,
-                &format!("unknown module \"{a}\""),
-            )?;
-            check(
-                a != &m.name,
-                file,
-                field,
-                "a module cannot come after itself",
-            )?;
-            check(
-                seen.insert(a),
-                file,
-                field,
-                &format!("\"{a}\" is listed twice"),
-            )?;
-        }
+    Ok(index)
+}
+
+/// Checks that module `i`'s `after` edges name known, other, distinct modules.
+fn check_after(
+    i: usize,
+    m: &ModuleProfile,
+    index: &HashMap<&str, usize>,
+    file: &Path,
+) -> Result<(), ProfileError> {
+    let mut seen = HashSet::new();
+    for (k, a) in m.after.iter().enumerate() {
+        let field = || format!("modules[{i}].after[{k}]");
         check(
-            !m.samples.is_empty(),
+            index.contains_key(a.as_str()),
             file,
-            || format!("modules[{i}].samples"),
-            "expected at least one sample",
+            field,
+            &format!("unknown module \"{a}\""),
         )?;
-        let mut grid = HashSet::new();
-        for (k, s) in m.samples.iter().enumerate() {
-            let f = |name: &str| format!("modules[{i}].samples[{k}].{name}");
-            check(
-                s.dp >= 1,
-                file,
-                || f("dp"),
-                "expected a data-parallel degree of at least 1",
-            )?;
-            check(
-                s.sm.is_finite() && s.sm > 0.0 && s.sm <= 1.0,
-                file,
-                || f("sm"),
-                "expected an SM quota in (0, 1]",
-            )?;
-            check(
-                s.time_ms.is_finite() && s.time_ms > 0.0,
-                file,
-                || f("time_ms"),
-                "expected a positive, finite time",
-            )?;
-            check(
-                finite_in(s.mem_gib, 0.0, f64::MAX),
-                file,
-                || f("mem_gib"),
-                "expected a non-negative, finite memory",
-            )?;
-            check(
-                finite_in(s.sm_util, 0.0, 1.0),
-                file,
-                || f("sm_util"),
-                "expected a utilisation in [0, 1]",
-            )?;
-            check(
-                finite_in(s.bw_util, 0.0, 1.0),
-                file,
-                || f("bw_util"),
-                "expected a utilisation in [0, 1]",
-            )?;
-            check(
-                grid.insert((s.dp, (s.sm * 1e6).round() as i64)),
-                file,
-                || format!("modules[{i}].samples[{k}]"),
-                &format!("duplicate sample at dp {} sm {}", s.dp, s.sm),
-            )?;
-        }
+        check(
+            a != &m.name,
+            file,
+            field,
+            "a module cannot come after itself",
+        )?;
+        check(
+            seen.insert(a),
+            file,
+            field,
+            &format!("\"{a}\" is listed twice"),
+        )?;
     }
-    let e = &p.interference;
+    Ok(())
+}
+
+/// Checks that module `i` has samples, each in range and at a distinct (dp, sm) point.
+fn check_samples(i: usize, m: &ModuleProfile, file: &Path) -> Result<(), ProfileError> {
+    check(
+        !m.samples.is_empty(),
+        file,
+        || format!("modules[{i}].samples"),
+        "expected at least one sample",
+    )?;
+    let mut grid = HashSet::new();
+    for (k, s) in m.samples.iter().enumerate() {
+        check_sample_ranges(s, file, |name| format!("modules[{i}].samples[{k}].{name}"))?;
+        check(
+            grid.insert((s.dp, (s.sm * 1e6).round() as i64)),
+            file,
+            || format!("modules[{i}].samples[{k}]"),
+            &format!("duplicate sample at dp {} sm {}", s.dp, s.sm),
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks each field of one sample against its range; `f` names a field in errors.
+fn check_sample_ranges(
+    s: &Sample,
+    file: &Path,
+    f: impl Fn(&str) -> String,
+) -> Result<(), ProfileError> {
+    check(
+        s.dp >= 1,
+        file,
+        || f("dp"),
+        "expected a data-parallel degree of at least 1",
+    )?;
+    check(
+        s.sm.is_finite() && s.sm > 0.0 && s.sm <= 1.0,
+        file,
+        || f("sm"),
+        "expected an SM quota in (0, 1]",
+    )?;
+    check(
+        s.time_ms.is_finite() && s.time_ms > 0.0,
+        file,
+        || f("time_ms"),
+        "expected a positive, finite time",
+    )?;
+    check(
+        finite_in(s.mem_gib, 0.0, f64::MAX),
+        file,
+        || f("mem_gib"),
+        "expected a non-negative, finite memory",
+    )?;
+    check(
+        finite_in(s.sm_util, 0.0, 1.0),
+        file,
+        || f("sm_util"),
+        "expected a utilisation in [0, 1]",
+    )?;
+    check(
+        finite_in(s.bw_util, 0.0, 1.0),
+        file,
+        || f("bw_util"),
+        "expected a utilisation in [0, 1]",
+    )
+}
+
+/// Checks that the interference coefficients are non-negative and finite.
+fn check_interference(e: &Interference, file: &Path) -> Result<(), ProfileError> {
     for (name, v) in [("e1", e.e1), ("e2", e.e2), ("e3", e.e3)] {
         check(
             finite_in(v, 0.0, f64::MAX),
@@ -215,7 +265,16 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
             "expected a non-negative, finite coefficient (colocation never speeds a module up)",
         )?;
     }
-    if let Some(cycle) = find_cycle(p, &index) {
+    Ok(())
+}
+
+/// Rejects `after` edges that form a cycle, naming the modules on it.
+fn check_acyclic(
+    p: &ProfileFile,
+    index: &HashMap<&str, usize>,
+    file: &Path,
+) -> Result<(), ProfileError> {
+    if let Some(cycle) = find_cycle(p, index) {
         let i = index[cycle[0].as_str()];
         return Err(ProfileError::invalid(
             file,

@@ -1,6 +1,6 @@
 //! The analytical device model: a module's iteration time, memory and utilisation on `dp` GPUs
-//! with SM quota `sm` each (DESIGN.md, "The analytical device model"), and the profile file it
-//! produces on the paper's grid.
+//! with SM quota `sm` each (`docs/design.md`, "The analytical device model"), and the profile
+//! file it produces on the paper's grid.
 //!
 //! Per GPU and iteration, with micro-batch `b = ⌈B / dp⌉` samples:
 //! - **matmuls and attention** run at `sm × peak × efficiency`, or at the HBM bandwidth their
@@ -25,8 +25,8 @@
 use mosaic_profile::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
 use serde::Serialize;
 
-use crate::device::ClusterSpec;
-use crate::spec::ModelSpec;
+use crate::device::{ClusterSpec, DeviceSpec};
+use crate::spec::{ModelSpec, ModuleSpec};
 use crate::workload::{Workload, BF16};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -150,6 +150,44 @@ impl Estimate {
     }
 }
 
+/// One module's iteration on one of its GPUs: what its time terms share.
+struct Iteration<'a> {
+    w: Workload,
+    trainable: bool,
+    /// Hidden size.
+    h: f64,
+    /// Samples per GPU.
+    bf: f64,
+    dp: u32,
+    sm: f64,
+    /// Passes over the forward FLOPs (see [`passes`]).
+    passes: f64,
+    keeps_activations: bool,
+    dev: &'a DeviceSpec,
+    /// HBM bandwidth at the quota, bytes/s.
+    bw: f64,
+}
+
+/// Whether a frozen `spec` is fed by a trainable module of `model`.
+fn fed_by_trainable(model: &ModelSpec, spec: &ModuleSpec) -> bool {
+    spec.after
+        .iter()
+        .any(|p| model.module(p).is_some_and(|parent| parent.trainable))
+}
+
+/// Passes over the forward FLOPs: forward, then activation and weight gradients as needed,
+/// plus one forward more when recomputing.
+fn passes(trainable: bool, input_grad: bool, recompute: bool) -> f64 {
+    // Forward = 1, activation gradients = 1, weight gradients = 1 (× forward FLOPs).
+    (if trainable {
+        3.0
+    } else if input_grad {
+        2.0
+    } else {
+        1.0
+    }) + if recompute { 1.0 } else { 0.0 }
+}
+
 impl Calibration {
     /// Predicts module `module` (an index into `model.modules`) of `model` on `dp` GPUs of
     /// `cluster` with SM quota `sm`, at the paper's batch for the cluster.
@@ -168,94 +206,38 @@ impl Calibration {
         assert!(sm > 0.0 && sm <= 1.0, "sm must be in (0, 1]");
         let spec = &model.modules[module];
         let w = Workload::of(spec);
-        let capacity = cluster.device.memory_gib;
-        let batch = model.batch_on(cluster);
-        let b = batch.div_ceil(dp);
+        let b = model.batch_on(cluster).div_ceil(dp);
         // A frozen module still propagates gradients when a trainable module feeds it.
-        let input_grad = !spec.trainable
-            && spec
-                .after
-                .iter()
-                .any(|p| model.module(p).is_some_and(|parent| parent.trainable));
+        let input_grad = !spec.trainable && fed_by_trainable(model, spec);
         let keeps_activations = spec.trainable || input_grad;
-        let plain = self.memory(&w, spec.trainable, keeps_activations, false, b, dp);
-        let recompute = keeps_activations && plain > capacity;
-        let mem_gib = if recompute {
-            self.memory(&w, spec.trainable, true, true, b, dp)
-        } else {
-            plain
-        };
+        let capacity = cluster.device.memory_gib;
+        let (recompute, mem_gib) = self.fit_memory(&w, spec, keeps_activations, b, dp, capacity);
 
-        let dev = &cluster.device;
-        let bf = b as f64;
-        // Forward = 1, activation gradients = 1, weight gradients = 1 (× forward FLOPs).
-        let passes = if spec.trainable {
-            3.0
-        } else if input_grad {
-            2.0
-        } else {
-            1.0
-        } + if recompute { 1.0 } else { 0.0 };
-        let flops = bf * w.fwd_flops * passes;
-        let h = spec.hidden as f64;
-        let rows = bf * w.rows;
-        let efficiency =
-            self.gemm_efficiency * h / (h + self.hidden_half) * rows / (rows + self.rows_half);
-        let rate = sm * dev.peak_tflops * 1e12 * efficiency;
-        let bw = dev.hbm_tbps * 1e12 * self.hbm_efficiency * (sm / self.bw_saturation).min(1.0);
-
-        let weight_reads = if passes > 1.0 { 2.0 } else { 1.0 };
-        let gemm_bytes = BF16 * w.matmul_weights * weight_reads + bf * w.fwd_gemm_bytes * passes;
-        let gemm_s = if flops > 0.0 {
-            (flops / rate).max(gemm_bytes / bw)
-        } else {
-            gemm_bytes / bw
+        let it = Iteration {
+            w,
+            trainable: spec.trainable,
+            h: spec.hidden as f64,
+            bf: b as f64,
+            dp,
+            sm,
+            passes: passes(spec.trainable, input_grad, recompute),
+            keeps_activations,
+            dev: &cluster.device,
+            bw: self.bandwidth(&cluster.device, sm),
         };
-        // Logits: written in bf16, read and upcast to fp32 for the loss, gradient written back.
-        let logit_bytes = if keeps_activations { 12.0 } else { 2.0 };
-        let (grad_bytes, optimizer_bytes) = if spec.trainable {
-            // Gradient buffer written and read (reduction, clipping); AdamW on this replica's
-            // shard: read fp32 master, m, v and the bf16 gradient, write them and the bf16
-            // weight (28 bytes per parameter).
-            (2.0 * BF16 * w.params, 28.0 * w.params / dp as f64)
-        } else {
-            (0.0, 0.0)
-        };
-        let memory_bytes = bf * w.fwd_elem_bytes * passes
-            + bf * w.logits * logit_bytes
-            + grad_bytes
-            + optimizer_bytes;
-        let memory_s = memory_bytes / bw;
-        let launch_s = (self.launch_step_ms * if spec.trainable { 1.0 } else { 0.5 }
-            + self.launch_layer_ms * w.launch_layers * passes / 3.0)
-            / 1e3;
+        let (flops, gemm_bytes, gemm_s) = self.gemm_time(&it);
+        let (memory_bytes, memory_s) = self.memory_time(&it);
+        let launch_s = self.launch_time(&it);
         let compute_s = (gemm_s + memory_s).max(launch_s);
-
-        let comm_s = if spec.trainable && dp > 1 {
-            let d = dp as f64;
-            // NVLink's datasheet figure counts both directions; a ring uses one.
-            let nvlink = cluster.nvlink_gbps / 2.0;
-            let (bus, hop) = if dp <= cluster.gpus_per_node {
-                (nvlink, self.nvlink_hop_us)
-            } else {
-                // Across nodes NCCL runs one ring per NIC, each crossing the node boundary
-                // through its own NIC, so a node's GPUs share its aggregate InfiniBand
-                // bandwidth (8 × 50 GB/s on the paper's nodes); NVLink still carries the
-                // intra-node hops.
-                let ib = cluster.ib_gbps * cluster.gpus_per_node as f64;
-                (ib.min(nvlink), self.ib_hop_us)
-            };
-            let ring = 2.0 * (d - 1.0) / d * BF16 * w.params / (bus * 1e9 * self.link_efficiency)
-                + 2.0 * (d - 1.0) * hop * 1e-6;
-            // The backward share of the step (launch-bound or not) hides part of the reduction;
-            // a faster step hides less, but never more than it saves.
-            let backward_s = compute_s * (passes - 1.0) / passes;
-            ring - self.comm_overlap * ring.min(backward_s)
+        let comm_s = if it.trainable && dp > 1 {
+            self.exposed_reduction(&it, cluster, compute_s)
         } else {
             0.0
         };
+
         let time_s = compute_s + comm_s;
         let hbm_bytes = gemm_bytes + memory_bytes;
+        let dev = it.dev;
         Estimate {
             module: spec.name.clone(),
             dp,
@@ -273,6 +255,100 @@ impl Calibration {
             sm_util: (flops / time_s / (sm * dev.peak_tflops * 1e12)).clamp(0.0, 1.0),
             bw_util: (hbm_bytes / time_s / (dev.hbm_tbps * 1e12)).clamp(0.0, 1.0),
         }
+    }
+
+    /// Whether the module must recompute its layers to fit `capacity`, and its memory then.
+    fn fit_memory(
+        &self,
+        w: &Workload,
+        spec: &ModuleSpec,
+        keeps_activations: bool,
+        b: u32,
+        dp: u32,
+        capacity: f64,
+    ) -> (bool, f64) {
+        let plain = self.memory(w, spec.trainable, keeps_activations, false, b, dp);
+        let recompute = keeps_activations && plain > capacity;
+        let mem_gib = if recompute {
+            self.memory(w, spec.trainable, true, true, b, dp)
+        } else {
+            plain
+        };
+        (recompute, mem_gib)
+    }
+
+    /// HBM bandwidth of memory-bound kernels at SM quota `sm`, bytes/s.
+    fn bandwidth(&self, dev: &DeviceSpec, sm: f64) -> f64 {
+        dev.hbm_tbps * 1e12 * self.hbm_efficiency * (sm / self.bw_saturation).min(1.0)
+    }
+
+    /// Matmuls and attention by the roofline: (FLOPs, HBM bytes, seconds).
+    fn gemm_time(&self, it: &Iteration) -> (f64, f64, f64) {
+        let (w, bf, h, passes) = (&it.w, it.bf, it.h, it.passes);
+        let flops = bf * w.fwd_flops * passes;
+        let rows = bf * w.rows;
+        let efficiency =
+            self.gemm_efficiency * h / (h + self.hidden_half) * rows / (rows + self.rows_half);
+        let rate = it.sm * it.dev.peak_tflops * 1e12 * efficiency;
+        let weight_reads = if passes > 1.0 { 2.0 } else { 1.0 };
+        let gemm_bytes = BF16 * w.matmul_weights * weight_reads + bf * w.fwd_gemm_bytes * passes;
+        let gemm_s = if flops > 0.0 {
+            (flops / rate).max(gemm_bytes / it.bw)
+        } else {
+            gemm_bytes / it.bw
+        };
+        (flops, gemm_bytes, gemm_s)
+    }
+
+    /// Memory-bound kernels, logits, gradient buffer and optimizer: (HBM bytes, seconds).
+    fn memory_time(&self, it: &Iteration) -> (f64, f64) {
+        let (w, bf) = (&it.w, it.bf);
+        // Logits: written in bf16, read and upcast to fp32 for the loss, gradient written back.
+        let logit_bytes = if it.keeps_activations { 12.0 } else { 2.0 };
+        let (grad_bytes, optimizer_bytes) = if it.trainable {
+            // Gradient buffer written and read (reduction, clipping); AdamW on this replica's
+            // shard: read fp32 master, m, v and the bf16 gradient, write them and the bf16
+            // weight (28 bytes per parameter).
+            (2.0 * BF16 * w.params, 28.0 * w.params / it.dp as f64)
+        } else {
+            (0.0, 0.0)
+        };
+        let memory_bytes = bf * w.fwd_elem_bytes * it.passes
+            + bf * w.logits * logit_bytes
+            + grad_bytes
+            + optimizer_bytes;
+        (memory_bytes, memory_bytes / it.bw)
+    }
+
+    /// Host launch time of the step and its layers' kernels, seconds.
+    fn launch_time(&self, it: &Iteration) -> f64 {
+        (self.launch_step_ms * if it.trainable { 1.0 } else { 0.5 }
+            + self.launch_layer_ms * it.w.launch_layers * it.passes / 3.0)
+            / 1e3
+    }
+
+    /// The ring all-reduce of the gradients not hidden behind the backward pass of a step
+    /// computing for `compute_s`, seconds.
+    fn exposed_reduction(&self, it: &Iteration, cluster: &ClusterSpec, compute_s: f64) -> f64 {
+        let d = it.dp as f64;
+        // NVLink's datasheet figure counts both directions; a ring uses one.
+        let nvlink = cluster.nvlink_gbps / 2.0;
+        let (bus, hop) = if it.dp <= cluster.gpus_per_node {
+            (nvlink, self.nvlink_hop_us)
+        } else {
+            // Across nodes NCCL runs one ring per NIC, each crossing the node boundary
+            // through its own NIC, so a node's GPUs share its aggregate InfiniBand
+            // bandwidth (8 × 50 GB/s on the paper's nodes); NVLink still carries the
+            // intra-node hops.
+            let ib = cluster.ib_gbps * cluster.gpus_per_node as f64;
+            (ib.min(nvlink), self.ib_hop_us)
+        };
+        let ring = 2.0 * (d - 1.0) / d * BF16 * it.w.params / (bus * 1e9 * self.link_efficiency)
+            + 2.0 * (d - 1.0) * hop * 1e-6;
+        // The backward share of the step (launch-bound or not) hides part of the reduction;
+        // a faster step hides less, but never more than it saves.
+        let backward_s = compute_s * (it.passes - 1.0) / it.passes;
+        ring - self.comm_overlap * ring.min(backward_s)
     }
 
     /// Memory per GPU in GiB for `b` samples per GPU.
