@@ -41,6 +41,3 @@ pub use device::{cluster, clusters, devices, ClusterSpec, DeviceSpec, GPUS_PER_N
 pub use error::ZooError;
 pub use models::{model, models};
 pub use spec::{Extra, ModelSpec, ModuleSpec, PaperRow, Role};
-
-#[cfg(test)]
-mod tests;

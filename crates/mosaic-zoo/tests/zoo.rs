@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use crate::*;
+use mosaic_zoo::*;
 
 fn h100x8() -> ClusterSpec {
     cluster("h100x8").unwrap()
