@@ -1,6 +1,6 @@
 //! Grouped bar charts as standalone SVG, for `mosaic report` (the paper's Figs. 9, 10, 14a).
 
-use std::fmt::Write;
+use mosaic_kit::svg::{round_step, Svg};
 
 /// A grouped bar chart: one group per category, one bar per series within each group.
 pub struct BarChart<'a> {
@@ -22,12 +22,9 @@ const PALETTE: [&str; 10] = [
     "#999999", "#666666",
 ];
 
-/// Escapes text for SVG.
-pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// The colour of series `i`.
+fn colour(i: usize) -> &'static str {
+    PALETTE[i % PALETTE.len()]
 }
 
 /// A "nice" upper bound and tick step for an axis from 0 to `max`.
@@ -35,27 +32,37 @@ fn nice_axis(max: f64) -> (f64, f64) {
     if max.is_nan() || max <= 0.0 {
         return (1.0, 0.2);
     }
-    let raw = max / 5.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|k| k * mag)
-        .find(|&s| s >= raw)
-        .unwrap_or(10.0 * mag);
+    let step = round_step(max / 5.0, &[1.0, 2.0, 2.5, 5.0]);
     ((max / step).ceil() * step, step)
+}
+
+/// Where a chart's parts go, in pixels.
+struct Frame {
+    left: f64,
+    top: f64,
+    /// Space below the plot for the group labels and the legend.
+    bottom: f64,
+    plot_w: f64,
+    plot_h: f64,
+    bar_w: f64,
+    group_w: f64,
+    /// Top of the value axis and its tick step.
+    y_max: f64,
+    step: f64,
+}
+
+impl Frame {
+    /// The y of value `v`.
+    fn y(&self, v: f64) -> f64 {
+        self.top + self.plot_h - self.plot_h * v / self.y_max
+    }
 }
 
 impl BarChart<'_> {
     /// Renders the chart as an SVG document.
     pub fn svg(&self) -> String {
-        let (left, right, top, bottom) = (70.0, 20.0, 40.0, 90.0);
         let bar_w = 14.0;
         let group_w = bar_w * self.series.len() as f64 + 24.0;
-        let plot_w = group_w * self.groups.len().max(1) as f64;
-        let plot_h = 260.0;
-        let legend_h = 18.0 * self.series.len().div_ceil(4) as f64;
-        let width = left + plot_w + right;
-        let height = top + plot_h + bottom + legend_h;
         let max = self
             .values
             .iter()
@@ -64,89 +71,89 @@ impl BarChart<'_> {
             .copied()
             .fold(0.0, f64::max);
         let (y_max, step) = nice_axis(max);
-        let y = |v: f64| top + plot_h - plot_h * v / y_max;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="11">"#
-        );
-        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="22" font-size="14" text-anchor="middle">{}</text>"#,
-            width / 2.0,
-            escape(self.title)
-        );
+        let f = Frame {
+            left: 70.0,
+            top: 40.0,
+            bottom: 90.0,
+            plot_w: group_w * self.groups.len().max(1) as f64,
+            plot_h: 260.0,
+            bar_w,
+            group_w,
+            y_max,
+            step,
+        };
+        let legend_h = 18.0 * self.series.len().div_ceil(4) as f64;
+        let width = f.left + f.plot_w + 20.0;
+        let height = f.top + f.plot_h + f.bottom + legend_h;
+        let mut doc = Svg::new(width, height, "sans-serif", 11.0);
+        doc.text(width / 2.0, 22.0)
+            .num("font-size", 14.0)
+            .attr("text-anchor", "middle")
+            .content(self.title);
+        self.value_axis(&mut doc, &f);
+        self.bars(&mut doc, &f);
+        self.legend(&mut doc, &f);
+        doc.finish()
+    }
+
+    /// Grid lines with their values, and the axis label.
+    fn value_axis(&self, doc: &mut Svg, f: &Frame) {
         let mut v = 0.0;
-        while v <= y_max + step * 1e-9 {
-            let _ = writeln!(
-                s,
-                r##"<line x1="{left}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                left + plot_w,
-                y(v),
-                y(v),
-                left - 6.0,
-                y(v) + 4.0,
-                format_tick(v, step)
-            );
-            v += step;
+        while v <= f.y_max + f.step * 1e-9 {
+            doc.line(f.left, f.y(v), f.left + f.plot_w, f.y(v))
+                .attr("stroke", "#ddd")
+                .end();
+            doc.text(f.left - 6.0, f.y(v) + 4.0)
+                .attr("text-anchor", "end")
+                .content(&format_tick(v, f.step));
+            v += f.step;
         }
-        let _ = writeln!(
-            s,
-            r#"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-            top + plot_h / 2.0,
-            escape(self.y_label)
-        );
+        doc.rotated_text(16.0, f.top + f.plot_h / 2.0, -90.0)
+            .attr("text-anchor", "middle")
+            .content(self.y_label);
+    }
+
+    /// The bars of every group, each with a tooltip, the group names below, and the baseline.
+    fn bars(&self, doc: &mut Svg, f: &Frame) {
+        let base = f.top + f.plot_h;
         for (gi, group) in self.groups.iter().enumerate() {
-            let x0 = left + gi as f64 * group_w + 12.0;
+            let x0 = f.left + gi as f64 * f.group_w + 12.0;
             for (si, value) in self.values[gi].iter().enumerate() {
-                if let Some(value) = value {
-                    let x = x0 + si as f64 * bar_w;
-                    let _ = writeln!(
-                        s,
-                        r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {} = {value:.3}</title></rect>"#,
-                        y(*value),
-                        bar_w - 1.0,
-                        (top + plot_h - y(*value)).max(0.0),
-                        PALETTE[si % PALETTE.len()],
-                        escape(group),
-                        escape(&self.series[si])
-                    );
+                if let Some(value) = *value {
+                    let x = x0 + si as f64 * f.bar_w;
+                    doc.rect(x, f.y(value), f.bar_w - 1.0, (base - f.y(value)).max(0.0))
+                        .attr("fill", colour(si))
+                        .title(&format!("{group}: {} = {value:.3}", self.series[si]));
                 }
             }
-            let _ = writeln!(
-                s,
-                r#"<text transform="translate({:.1} {:.1}) rotate(-30)" text-anchor="end">{}</text>"#,
-                x0 + bar_w * self.series.len() as f64 / 2.0,
-                top + plot_h + 14.0,
-                escape(group)
-            );
+            doc.rotated_text(
+                x0 + f.bar_w * self.series.len() as f64 / 2.0,
+                base + 14.0,
+                -30.0,
+            )
+            .attr("text-anchor", "end")
+            .content(group);
         }
-        let _ = writeln!(
-            s,
-            r#"<line x1="{left}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="black"/>"#,
-            left + plot_w,
-            top + plot_h,
-            top + plot_h
-        );
+        doc.line(f.left, base, f.left + f.plot_w, base)
+            .attr("stroke", "black")
+            .end();
+    }
+
+    /// A swatch and name per series, four to a line.
+    fn legend(&self, doc: &mut Svg, f: &Frame) {
         for (si, name) in self.series.iter().enumerate() {
             let (col, row) = (si % 4, si / 4);
-            let x = left + col as f64 * 150.0;
-            let yy = top + plot_h + bottom - 10.0 + row as f64 * 18.0;
-            let _ = writeln!(
-                s,
-                r#"<rect x="{x:.1}" y="{:.1}" width="10" height="10" fill="{}"/><text x="{:.1}" y="{yy:.1}">{}</text>"#,
-                yy - 9.0,
-                PALETTE[si % PALETTE.len()],
-                x + 14.0,
-                escape(name)
-            );
+            let x = f.left + col as f64 * 150.0;
+            let yy = f.top + f.plot_h + f.bottom - 10.0 + row as f64 * 18.0;
+            doc.rect(x, yy - 9.0, 10.0, 10.0)
+                .attr("fill", colour(si))
+                .end();
+            doc.text(x + 14.0, yy).content(name);
         }
-        s.push_str("</svg>\n");
-        s
     }
 }
 
+/// The label of tick `v` with as many decimals as `step` needs.
 fn format_tick(v: f64, step: f64) -> String {
     if step >= 1.0 {
         format!("{v:.0}")

@@ -1,7 +1,8 @@
 //! `mosaic`: plan, profile and inspect temporal-spatial training plans of multimodal models.
 //!
-//! Every subcommand is one step of the pipeline in DESIGN.md and reads or writes a versioned
-//! JSON file. Bad input exits with code 2 and one message naming the file and the field.
+//! Every subcommand is one step of the pipeline in `docs/design.md` and reads or writes a
+//! versioned JSON file. Bad input exits with code 2 and one message naming the file and the
+//! field.
 
 mod chart;
 mod commands;
@@ -24,7 +25,7 @@ struct Cli {
 enum Command {
     /// Plan stages, data-parallel degrees, SM quotas and GPUs for a model.
     Plan(commands::plan::Args),
-    /// Write a model's profile: analytical (a zoo model on a built-in cluster) or measured on this machine (--engine).
+    /// Write the analytical profile of a built-in model on a built-in cluster.
     Profile(commands::profile::Args),
     /// List the built-in models, devices and clusters.
     Zoo(commands::zoo::Args),
@@ -34,20 +35,21 @@ enum Command {
     Bench(commands::bench::Args),
     /// Compare Mosaic with Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain on the same profiles and cluster.
     Compare(commands::compare::Args),
-    /// Execute a plan in the event-driven simulator: iteration time, utilisation, a Chrome trace and an SVG picture.
+    /// Execute a plan in the event-driven simulator (iteration time, utilisation, a Chrome trace, an SVG picture), or simulate colocations.
     Simulate(commands::simulate::Args),
     /// Fit the interference coefficients to colocation measurements and report the model's accuracy.
     Fit(commands::fit::Args),
-    /// Train a built-in engine model by a plan on this machine.
-    #[cfg(feature = "engine")]
+    /// Train a built-in engine model by a plan on this machine (needs the engine feature).
+    #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
     Train(commands::train::Args),
-    /// Train a built-in engine model by a plan (not in this build: rebuild with --features engine).
-    #[cfg(not(feature = "engine"))]
-    #[command(disable_help_flag = true)]
-    Train {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-        args: Vec<String>,
-    },
+    /// Measure an engine model on this machine: its profile, colocations, slots (needs the engine feature).
+    #[cfg_attr(feature = "engine", command(subcommand))]
+    #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
+    Measure(commands::measure::Args),
+    /// Write the data an engine model trains on as a file (needs the engine feature).
+    #[cfg_attr(feature = "engine", command(subcommand))]
+    #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
+    Data(commands::data::Args),
 }
 
 fn main() -> ExitCode {
@@ -61,15 +63,9 @@ fn main() -> ExitCode {
         Command::Compare(a) => commands::compare::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Fit(a) => commands::fit::run(a),
-        #[cfg(feature = "engine")]
         Command::Train(a) => commands::train::run(a),
-        #[cfg(not(feature = "engine"))]
-        Command::Train { .. } => Err(input::BadInput(
-            "this mosaic was built without the engine: rebuild with `cargo build --release -p \
-             mosaic-cli --features engine` (it compiles the candle ML framework)"
-                .into(),
-        )
-        .into()),
+        Command::Measure(a) => commands::measure::run(a),
+        Command::Data(a) => commands::data::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,6 +77,7 @@ fn main() -> ExitCode {
             let bad_input = e.downcast_ref::<input::BadInput>().is_some()
                 || e.downcast_ref::<mosaic_profile::ProfileError>().is_some()
                 || e.downcast_ref::<mosaic_zoo::ZooError>().is_some()
+                || e.downcast_ref::<mosaic_plan::PlanFileError>().is_some()
                 || e.downcast_ref::<mosaic_sim::SimError>().is_some()
                 || e.downcast_ref::<mosaic_fit::FitError>().is_some()
                 || matches!(

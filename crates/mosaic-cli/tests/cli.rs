@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 
 mod common;
-use common::{example, json_of, mosaic, stderr, stdout};
+use common::{example, json_of, mosaic, refused, stderr, stdout};
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mosaic-cli-test-{}", std::process::id()));
@@ -285,7 +285,39 @@ fn train_without_the_engine_says_how_to_get_it() {
 #[cfg(not(feature = "engine"))]
 #[test]
 fn engine_profile_without_the_engine_says_how_to_get_it() {
-    let o = mosaic(&["profile", "--engine", "--model", "clip-tiny"]);
+    let o = mosaic(&["measure", "profile", "--model", "clip-tiny"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--features engine"), "{}", stderr(&o));
+}
+
+#[cfg(not(feature = "engine"))]
+#[test]
+fn every_engine_command_without_the_engine_says_how_to_get_it() {
+    let engine = "--features engine";
+    refused(&[
+        (
+            "measure colocations --model clip-tiny --count 3 --out c.json",
+            engine,
+        ),
+        ("measure slots --model omni-tiny", engine),
+        ("measure --help", engine),
+        (
+            "data write --model clip-tiny --out mine.safetensors",
+            engine,
+        ),
+        ("train template --model clip-tiny", engine),
+    ]);
+}
+
+#[test]
+fn the_analytical_profile_refuses_the_engines_flags() {
+    // `mosaic profile` is the zoo's device model only: measuring is `mosaic measure profile`.
+    refused(&[
+        ("profile --engine --model clip-tiny", "--engine"),
+        (
+            "profile --model clip --cluster h100x8 --colocations 3",
+            "--colocations",
+        ),
+        ("profile --model clip", "--cluster"),
+    ]);
 }

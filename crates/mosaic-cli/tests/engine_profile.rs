@@ -1,10 +1,10 @@
-//! Drives `mosaic profile --engine` as a user would: a measured profile and measured
-//! colocations of clip-tiny, accepted by `mosaic plan` and `mosaic fit`, and the plan trained
-//! by `mosaic train`; and bad input.
+//! Drives `mosaic measure profile` and `mosaic measure colocations` as a user would: a
+//! measured profile and measured colocations of clip-tiny, accepted by `mosaic plan` and
+//! `mosaic fit`, and the plan trained by `mosaic train`; and bad input.
 #![cfg(feature = "engine")]
 
 mod common;
-use common::{dir, mosaic, read_json, s, stderr, stdout};
+use common::{dir, mosaic, mosaic_line, read_json, s, stderr, stdout};
 
 #[test]
 fn measured_profiles_feed_plan_fit_and_train() {
@@ -14,9 +14,7 @@ fn measured_profiles_feed_plan_fit_and_train() {
         d.join("coloc.json"),
         d.join("plan.json"),
     );
-    let o = mosaic(&[
-        "profile",
-        "--engine",
+    let settings = [
         "--model",
         "clip-tiny",
         "--batch",
@@ -25,19 +23,23 @@ fn measured_profiles_feed_plan_fit_and_train() {
         "2",
         "--reps",
         "2",
-        "--out",
-        s(&measured),
-        "--colocations",
-        "3",
-        "--colocations-out",
-        s(&coloc),
-    ]);
+    ];
+    let measure = |verb: &str, rest: &[&str]| {
+        let mut args = vec!["measure", verb];
+        args.extend(settings);
+        args.extend(rest);
+        mosaic(&args)
+    };
+    let o = measure("profile", &["--out", s(&measured)]);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(
         err.contains("device: ") && err.contains("STREAM triad"),
         "{err}"
     );
+    let o = measure("colocations", &["--count", "3", "--out", s(&coloc)]);
+    let coloc_err = stderr(&o);
+    assert!(o.status.success(), "{coloc_err}");
 
     let p = read_json(&measured);
     assert_eq!(p["format"], "mosaic-profiles/1");
@@ -51,13 +53,11 @@ fn measured_profiles_feed_plan_fit_and_train() {
     assert_eq!(names, ["vision", "text", "align"]);
     assert_eq!(modules[2]["after"], serde_json::json!(["vision", "text"]));
     let quotas = cores.min(10) as usize;
-    // One progress line per grid point: 3 modules × dp {1, 2} × the quotas.
+    // One progress line per grid point: 3 modules × dp {1, 2} × the quotas; one per colocation.
     let points = 3 * 2 * quotas;
-    assert_eq!(
-        err.lines().filter(|l| l.starts_with('[')).count(),
-        points + 3,
-        "{err}"
-    );
+    let progress = |err: &str| err.lines().filter(|l| l.starts_with('[')).count();
+    assert_eq!(progress(&err), points, "{err}");
+    assert_eq!(progress(&coloc_err), 3, "{coloc_err}");
     for m in modules {
         let samples = m["samples"].as_array().unwrap();
         assert_eq!(samples.len(), 2 * quotas);
@@ -109,26 +109,38 @@ fn measured_profiles_feed_plan_fit_and_train() {
 
 #[test]
 fn unknown_engine_model_exits_2_naming_the_known_ones() {
-    let o = mosaic(&["profile", "--engine", "--model", "clip-huge"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let e = stderr(&o);
-    assert!(
-        e.contains("\"clip-huge\"") && e.contains("clip-tiny") && e.contains("omni-tiny"),
-        "{e}"
-    );
-    assert!(
-        stdout(&o).is_empty(),
-        "nothing is written on bad input: {}",
-        stdout(&o)
-    );
+    let d = dir("unknown-model");
+    let out = d.join("c.json");
+    for line in [
+        "measure profile --model clip-huge".to_string(),
+        format!(
+            "measure colocations --model clip-huge --count 2 --out {}",
+            s(&out)
+        ),
+        "measure slots --model clip-huge".into(),
+    ] {
+        let o = mosaic_line(&line);
+        assert_eq!(o.status.code(), Some(2), "{line}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("\"clip-huge\"") && e.contains("clip-tiny") && e.contains("omni-tiny"),
+            "{e}"
+        );
+        assert!(
+            stdout(&o).is_empty(),
+            "nothing is written on bad input: {}",
+            stdout(&o)
+        );
+    }
+    assert!(!out.exists());
 }
 
 #[test]
 fn bad_settings_exit_2() {
-    let o = mosaic(&["profile", "--engine", "--model", "clip-tiny", "--reps", "0"]);
+    let o = mosaic(&["measure", "profile", "--model", "clip-tiny", "--reps", "0"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--reps"), "{}", stderr(&o));
-    // Engine settings without --engine, and --colocations without a file to write.
+    // Engine settings for the analytical profile, and colocations without a file to write.
     let o = mosaic(&[
         "profile",
         "--model",
@@ -140,13 +152,24 @@ fn bad_settings_exit_2() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = mosaic(&[
-        "profile",
-        "--engine",
+        "measure",
+        "colocations",
         "--model",
         "clip-tiny",
-        "--colocations",
+        "--count",
         "3",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--colocations-out"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--out"), "{}", stderr(&o));
+}
+
+#[test]
+fn measuring_under_an_mpi_launcher_is_refused() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(["measure", "slots", "--model", "clip-tiny", "--steps", "1"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("without mpirun"), "{}", stderr(&o));
 }

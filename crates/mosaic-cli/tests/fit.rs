@@ -1,4 +1,4 @@
-//! Drives `mosaic simulate --colocations` and `mosaic fit` as a user would: measure random
+//! Drives `mosaic simulate colocations` and `mosaic fit` as a user would: measure random
 //! colocations in the simulator, fit the interference term, plan with the fitted profile.
 
 use std::path::{Path, PathBuf};
@@ -6,19 +6,20 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 mod common;
-use common::{dir, mosaic, read_json, s, stderr, stdout};
+use common::{dir, mosaic, read_json, refused, s, stderr, stdout};
 
-/// `mosaic simulate --colocations n` of OFASys on h100x8 into `dir/c.json`.
+/// `mosaic simulate colocations --count n` of OFASys on h100x8 into `dir/c.json`.
 fn colocations(dir: &Path, n: &str) -> PathBuf {
     let out = dir.join("c.json");
     let o = mosaic(&[
         "simulate",
-        "--colocations",
-        n,
+        "colocations",
         "--model",
         "ofasys",
         "--cluster",
         "h100x8",
+        "--count",
+        n,
         "--out",
         s(&out),
     ]);
@@ -245,12 +246,13 @@ fn bad_colocations_exit_2_naming_the_field() {
 fn simulate_colocations_needs_a_model_and_an_out_file() {
     let d = dir("args");
     let out = d.join("c.json");
-    let o = mosaic(&["simulate", "--colocations", "10", "--out", s(&out)]);
+    let o = mosaic(&["simulate", "colocations", "--count", "10", "--out", s(&out)]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--model"), "{}", stderr(&o));
     let o = mosaic(&[
         "simulate",
-        "--colocations",
+        "colocations",
+        "--count",
         "10",
         "--model",
         "ofasys",
@@ -258,9 +260,11 @@ fn simulate_colocations_needs_a_model_and_an_out_file() {
         "h100x8",
     ]);
     assert_eq!(o.status.code(), Some(2), "--out is required");
+    assert!(stderr(&o).contains("--out"), "{}", stderr(&o));
     let o = mosaic(&[
         "simulate",
-        "--colocations",
+        "colocations",
+        "--count",
         "0",
         "--model",
         "ofasys",
@@ -271,13 +275,26 @@ fn simulate_colocations_needs_a_model_and_an_out_file() {
     ]);
     assert_eq!(o.status.code(), Some(2), "at least one colocation");
     let o = mosaic(&["simulate"]);
-    assert_eq!(o.status.code(), Some(2), "--plan or --colocations");
+    assert_eq!(o.status.code(), Some(2), "--plan or a verb");
+    // How many is required; the old spelling, an unknown verb, and a plan's flags are refused.
+    let rest = format!("--model ofasys --cluster h100x8 --out {}", s(&out));
+    refused(&[
+        (format!("simulate colocations {rest}"), "--count"),
+        (format!("simulate --colocations 10 {rest}"), "--colocations"),
+        (format!("simulate colocate --count 10 {rest}"), "colocate"),
+        (
+            format!("simulate colocations --count 10 --json {rest}"),
+            "--json",
+        ),
+    ]);
+    assert!(!out.exists(), "nothing is written on bad input");
     // The same seed gives the same file; another seed another one.
     let (a, b, c) = (d.join("a.json"), d.join("b.json"), d.join("c2.json"));
     for (p, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
         let o = mosaic(&[
             "simulate",
-            "--colocations",
+            "colocations",
+            "--count",
             "20",
             "--model",
             "clip",

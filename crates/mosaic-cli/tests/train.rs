@@ -1,5 +1,6 @@
-//! Drives `mosaic train` as a user would: JSON logs, plans from the planner and by hand, bad
-//! input, the slot bench, and a run killed with SIGKILL that resumes bit for bit.
+//! Drives `mosaic train` as a user would: JSON logs, plans from the planner, from `mosaic train
+//! template` and by hand, bad input, the slot bench (`mosaic measure slots`), the data format
+//! (`mosaic data write`), and a run killed with SIGKILL that resumes bit for bit.
 #![cfg(feature = "engine")]
 
 use std::io::{BufRead, BufReader};
@@ -9,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod common;
-use common::{dir, mosaic, s, stderr, stdout};
+use common::{dir, mosaic, mosaic_line, refused, s, stderr, stdout};
 
 /// The JSON lines of a `--json-log` run.
 fn events(o: &Output) -> Vec<Value> {
@@ -38,7 +39,14 @@ fn losses(events: &[Value]) -> Vec<(u64, u32)> {
 /// machine each, then align with 2 replicas.
 fn staged_plan(d: &Path) -> PathBuf {
     let path = d.join("staged.json");
-    let o = mosaic(&["train", "--model", "clip-tiny", "--write-plan", s(&path)]);
+    let o = mosaic(&[
+        "train",
+        "template",
+        "--model",
+        "clip-tiny",
+        "--out",
+        s(&path),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let mut plan: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let module = |name: &str, dp: u32, sm: f64| {
@@ -249,14 +257,7 @@ fn a_checkpoint_of_another_run_is_refused() {
 
 #[test]
 fn the_slot_bench_prints_pooled_and_on_demand_figures() {
-    let o = mosaic(&[
-        "train",
-        "--model",
-        "clip-tiny",
-        "--bench-slots",
-        "--steps",
-        "2",
-    ]);
+    let o = mosaic(&["measure", "slots", "--model", "clip-tiny", "--steps", "2"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for word in ["pooled", "on demand", "transition", "matmul"] {
@@ -335,12 +336,13 @@ fn trains_on_the_users_tensors() {
     let d = dir("data");
     let file = d.join("mine.safetensors");
     let o = mosaic(&[
-        "train",
+        "data",
+        "write",
         "--model",
         "clip-tiny",
         "--steps",
         "8",
-        "--write-data",
+        "--out",
         s(&file),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -389,4 +391,98 @@ fn trains_on_the_users_tensors() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn the_template_is_the_default_plan_as_a_file() {
+    let d = dir("template");
+    let path = d.join("plan.json");
+    let o = mosaic_line(&format!(
+        "train template --model omni-tiny --gpus 2 --out {}",
+        s(&path)
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(plan["format"], "mosaic-plan/1");
+    assert_eq!(plan["gpus"], 2);
+    assert_eq!(plan["stages"].as_array().unwrap().len(), 4);
+    assert_eq!(plan["stages"][3]["modules"][0]["name"], "backbone");
+    assert_eq!(
+        plan["stages"][3]["modules"][0]["gpus"],
+        serde_json::json!([0, 1])
+    );
+    // Without --out, the plan is printed.
+    let o = mosaic_line("train template --model clip-tiny");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: Value = serde_json::from_str(&stdout(&o)).expect("stdout is the plan");
+    assert_eq!(printed["stages"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn bad_uses_of_the_engine_verbs_exit_2_naming_what_is_wrong() {
+    let path = dir("bad-verbs").join("out.json");
+    let out = s(&path);
+    refused(&[
+        // Unknown verbs, and none at all.
+        ("train plan --model clip-tiny".to_string(), "plan"),
+        ("data read --model clip-tiny".into(), "read"),
+        ("measure weights --model clip-tiny".into(), "weights"),
+        ("data".into(), "Usage"),
+        ("measure".into(), "Usage"),
+        // Missing required flags.
+        (format!("train template --out {out}"), "--model"),
+        (format!("data write --out {out}"), "--model"),
+        (format!("measure profile --out {out}"), "--model"),
+        ("measure slots --steps 2".into(), "--model"),
+        ("data write --model clip-tiny".into(), "--out"),
+        (
+            format!("measure colocations --model clip-tiny --out {out}"),
+            "--count",
+        ),
+        // Counts below one.
+        ("train template --model clip-tiny --gpus 0".into(), "--gpus"),
+        (
+            format!("measure colocations --model clip-tiny --count 0 --out {out}"),
+            "--count",
+        ),
+        // A verb's flags are its own, and no zoo cluster means anything to the engine.
+        ("train --model clip-tiny template".into(), "template"),
+        (
+            format!("data write --model clip-tiny --out {out} --plan {out}"),
+            "--plan",
+        ),
+        (
+            "measure profile --model clip-tiny --cluster h100x8".into(),
+            "--cluster",
+        ),
+        // Unknown models.
+        ("train template --model llama-tiny".into(), "llama-tiny"),
+        (
+            format!("data write --model llama-tiny --out {out}"),
+            "llama-tiny",
+        ),
+        // The old spellings.
+        (
+            format!("train --model clip-tiny --write-data {out}"),
+            "--write-data",
+        ),
+        (
+            format!("train --model clip-tiny --write-plan {out}"),
+            "--write-plan",
+        ),
+        (
+            "train --model clip-tiny --bench-slots".into(),
+            "--bench-slots",
+        ),
+        ("profile --engine --model clip-tiny".into(), "--engine"),
+        (
+            "measure profile --model clip-tiny --colocations 3".into(),
+            "--colocations",
+        ),
+        (
+            format!("measure profile --model clip-tiny --colocations-out {out}"),
+            "--colocations-out",
+        ),
+    ]);
+    assert!(!path.exists(), "nothing is written on bad input");
 }

@@ -193,7 +193,14 @@ fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
     let plan = d.join("one.json");
     let o = mosaic(
         None,
-        &["train", "--model", "clip-tiny", "--write-plan", s(&plan)],
+        &[
+            "train",
+            "template",
+            "--model",
+            "clip-tiny",
+            "--out",
+            s(&plan),
+        ],
     );
     assert!(o.status.success());
     let o = mosaic(

@@ -23,72 +23,9 @@ pub enum EngineError {
         /// What is wrong.
         message: String,
     },
-    /// A plan module the engine model does not have.
-    #[error(
-        "{file}: field `{field}`: unknown module \"{name}\"; engine model {model} has {known}",
-        file = file.display()
-    )]
-    UnknownModule {
-        /// The plan file.
-        file: PathBuf,
-        /// e.g. `stages[0].modules[1].name`.
-        field: String,
-        /// The unknown name.
-        name: String,
-        /// The engine model.
-        model: String,
-        /// Its module names, comma-separated.
-        known: String,
-    },
-    /// A module placed twice.
-    #[error(
-        "{file}: field `{field}`: module \"{name}\" is placed twice (first at `{first}`)",
-        file = file.display()
-    )]
-    DuplicateModule {
-        /// The plan file.
-        file: PathBuf,
-        /// The second placement.
-        field: String,
-        /// The module.
-        name: String,
-        /// The first placement.
-        first: String,
-    },
-    /// A module of the model that no stage runs.
-    #[error(
-        "{file}: field `stages`: module \"{name}\" of engine model {model} is not placed in any \
-         stage",
-        file = file.display()
-    )]
-    MissingModule {
-        /// The plan file.
-        file: PathBuf,
-        /// The module.
-        name: String,
-        /// The engine model.
-        model: String,
-    },
-    /// A module that runs no later than a module it consumes.
-    #[error(
-        "{file}: field `{field}`: module \"{name}\" runs in stage {stage} but its producer \
-         \"{producer}\" runs in stage {producer_stage}; producers must run in earlier stages",
-        file = file.display()
-    )]
-    Order {
-        /// The plan file.
-        file: PathBuf,
-        /// The consumer's placement.
-        field: String,
-        /// The consumer.
-        name: String,
-        /// Its stage (0-based).
-        stage: usize,
-        /// The producer.
-        producer: String,
-        /// The producer's stage (0-based).
-        producer_stage: usize,
-    },
+    /// A plan file that is unreadable or breaks the `mosaic-plan/1` rules against the model.
+    #[error(transparent)]
+    Plan(#[from] mosaic_plan::PlanFileError),
     /// A data-parallel degree the run cannot honour.
     #[error("{file}: field `{field}`: {message}", file = file.display())]
     BadDp {
@@ -98,16 +35,6 @@ pub enum EngineError {
         field: String,
         /// What is wrong.
         message: String,
-    },
-    /// A quota outside (0, 1].
-    #[error("{file}: field `{field}`: SM quota {sm} outside (0, 1]", file = file.display())]
-    BadQuota {
-        /// The plan file.
-        file: PathBuf,
-        /// e.g. `stages[0].modules[1].sm`.
-        field: String,
-        /// The quota.
-        sm: f64,
     },
     /// A checkpoint that cannot be read or written.
     #[error("{file}: {message}", file = file.display())]
@@ -163,7 +90,7 @@ pub enum EngineError {
         /// What does not fit.
         message: String,
     },
-    /// This machine could not be measured (`mosaic profile --engine` reads Linux's `/proc`).
+    /// This machine could not be measured (`mosaic measure profile` reads Linux's `/proc`).
     #[error("cannot measure this machine: {message}")]
     Machine {
         /// What could not be read, and why.

@@ -22,55 +22,53 @@
 //! # Ok::<(), mosaic_engine::EngineError>(())
 //! ```
 //!
+//! Three rooms: [`models`] is what is trained, [`runtime`] what runs a plan, [`measure`] what
+//! measures this machine.
+//!
 //! # Pieces, in the order a step uses them
-//! - [`models`]: the built-in models (`clip-tiny`, `omni-tiny`), built from [`nn`] layers that
-//!   pass gradients (candle's fused norms and softmax do not), with their synthetic data;
-//!   [`data`] reads the user's own tensors instead.
-//! - [`schedule`]: a plan checked against a model becomes a [`Schedule`]: stages of
-//!   placements (module, dp, threads).
-//! - [`slot`]: execution slots — on CPU a thread pool of `round(quota × cores)` threads — and the
-//!   pool that creates them all before training ([`SlotMode::Pooled`]) or per stage
-//!   ([`SlotMode::OnDemand`], the baseline [`bench::bench_slots`] measures against); with the
-//!   `cuda` feature, `slot::cuda`: CUDA green-context slots and their pool (which create and
-//!   hold SM partitions and streams; module compute stays on CPU slots, see [`slot`]).
-//! - [`collective`]: what crosses processes: gradients summed over a module's ranks, and
-//!   activations and their gradients redistributed at module boundaries ([`InProcess`] for
+//! - [`models`]: the built-in models (`clip-tiny`, `omni-tiny`) with their synthetic data, built
+//!   from [`models::nn`] layers that pass gradients (candle's fused norms and softmax do not)
+//!   into a DAG of modules ([`models::model`]); [`models::data`] holds what a batch is, and
+//!   reads the user's own tensors instead.
+//! - [`runtime::schedule`]: a plan checked against a model becomes a [`Schedule`]: stages of
+//!   placements (the plan's resolved assignment, and the module's slot threads).
+//! - [`runtime::slot`]: execution slots — on CPU a thread pool of `round(quota × cores)` threads
+//!   — and the pool that creates them all before training ([`SlotMode::Pooled`]) or per stage
+//!   ([`SlotMode::OnDemand`], the baseline [`measure::bench_slots`] measures against);
+//!   [`runtime::slot::cuda`]: CUDA green-context slots and their pool (which create and hold SM
+//!   partitions and streams; module compute stays on CPU slots, see [`runtime::slot`]), with
+//!   the `cuda` feature; without it, a stand-in that says so.
+//! - [`runtime::collective`]: what crosses processes: gradients summed over a module's ranks,
+//!   and activations and their gradients redistributed at module boundaries ([`InProcess`] for
 //!   one process, `Mpi` with the `mpi` feature for `mpirun`, `Nccl` with `mpi` and `cuda` for
 //!   gradients summed on GPUs).
-//! - [`trainer`]: the iteration — forward by stages, backward by stages in reverse, activations
-//!   and gradients handed across module boundaries detached.
-//! - [`optim`]: AdamW with its state exposed; [`checkpoint`]: atomic `mosaic-checkpoint/1`
-//!   files holding parameters, optimizer state and the data position.
-//! - [`profile`]: measured profiles — every module's iteration at every (dp, quota) grid point
-//!   of this machine, and co-located runs (`mosaic profile --engine`).
+//! - [`runtime::trainer`]: the iteration — forward by stages, backward by stages in reverse,
+//!   activations and gradients handed across module boundaries detached.
+//! - [`runtime::optim`]: AdamW with its state exposed; [`runtime::checkpoint`]: atomic
+//!   `mosaic-checkpoint/1` files holding parameters, optimizer state and the data position.
+//! - [`measure`]: this machine as a device — measured profiles (every module's iteration at
+//!   every (dp, quota) grid point), co-located runs, both as `mosaic-profiles/1` and
+//!   `mosaic-colocations/1` values, and the slot pool's benchmark (`mosaic measure`).
 //!
+//! Random draws (initialisation, synthetic data, colocations) come from
+//! [`mosaic_kit::rng::SplitMix64`] streams, so a seed repeats a run bit for bit.
 
 #![warn(missing_docs)]
 
-pub mod bench;
-pub mod checkpoint;
-pub mod collective;
-pub mod data;
 mod error;
-pub mod model;
+pub mod measure;
 pub mod models;
-pub mod nn;
-pub mod optim;
-pub mod profile;
-pub mod rng;
-pub mod schedule;
-pub mod slot;
-pub mod trainer;
+pub mod runtime;
 
 pub use candle_core::Device;
-#[cfg(feature = "mpi")]
-pub use collective::Mpi;
-#[cfg(all(feature = "mpi", feature = "cuda"))]
-pub use collective::Nccl;
-pub use collective::{Collective, InProcess};
 pub use error::EngineError;
-pub use model::{Model, Module};
-pub use optim::{AdamW, AdamWConfig};
-pub use schedule::{sequential_plan, Placement, Schedule};
-pub use slot::{Slot, SlotMode, SlotPool};
-pub use trainer::{ParamGrad, StepReport, TrainConfig, Trainer};
+pub use models::{Model, Module};
+#[cfg(feature = "mpi")]
+pub use runtime::collective::Mpi;
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+pub use runtime::collective::Nccl;
+pub use runtime::collective::{Collective, InProcess};
+pub use runtime::optim::{AdamW, AdamWConfig};
+pub use runtime::schedule::{sequential_plan, Placement, Schedule};
+pub use runtime::slot::{Slot, SlotMode, SlotPool};
+pub use runtime::trainer::{ParamGrad, StepReport, TrainConfig, Trainer};

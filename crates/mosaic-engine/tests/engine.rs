@@ -5,10 +5,9 @@
 use std::path::Path;
 
 use candle_core::Device;
-use mosaic_engine::{
-    checkpoint, models, nn::to_f32s, sequential_plan, EngineError, Model, Schedule, TrainConfig,
-    Trainer,
-};
+use mosaic_engine::models::{self, nn::to_f32s};
+use mosaic_engine::runtime::checkpoint;
+use mosaic_engine::{sequential_plan, EngineError, Model, Schedule, TrainConfig, Trainer};
 use mosaic_plan::{Plan, PlanModule, PlanStage};
 
 const CORES: usize = 2;
@@ -128,7 +127,7 @@ fn two_plans_give_the_same_trajectory() {
         let a = losses(&mut trainer(name, None), 20);
         let p = staged(name);
         let mut tb = trainer(name, Some(&p));
-        assert!(tb.schedule().stages.iter().flatten().any(|x| x.dp > 1));
+        assert!(tb.schedule().stages.iter().flatten().any(|x| x.dp() > 1));
         let b = losses(&mut tb, 20);
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             let tol = 1e-4 * x.abs().max(1.0);
@@ -207,7 +206,7 @@ fn bad_plans_are_refused_naming_the_field() {
         assert!(text.contains(words), "{words}: {text}");
     };
     check(
-        plan(&[&[("vision", 1, 1.0), ("txt", 1, 1.0)], &[("align", 1, 1.0)]]),
+        plan(&[&[("vision", 1, 0.5), ("txt", 1, 0.5)], &[("align", 1, 1.0)]]),
         "stages[0].modules[1].name",
         "unknown module \"txt\"; engine model clip-tiny has vision, text, align",
     );
@@ -217,21 +216,21 @@ fn bad_plans_are_refused_naming_the_field() {
         "\"text\" of engine model clip-tiny is not placed",
     );
     check(
-        plan(&[&[("vision", 1, 1.0), ("text", 1, 1.0), ("align", 1, 1.0)]]),
+        plan(&[&[("vision", 1, 0.3), ("text", 1, 0.3), ("align", 1, 0.3)]]),
         "stages[0].modules[2].name",
         "producers must run in earlier stages",
     );
     check(
         plan(&[
-            &[("vision", 1, 1.0), ("text", 1, 1.0)],
-            &[("align", 1, 1.0), ("text", 1, 1.0)],
+            &[("vision", 1, 0.5), ("text", 1, 0.5)],
+            &[("align", 1, 0.5), ("text", 1, 0.5)],
         ]),
         "stages[1].modules[1].name",
         "placed twice",
     );
     check(
         plan(&[
-            &[("vision", 1, 0.0), ("text", 1, 1.0)],
+            &[("vision", 1, 0.0), ("text", 1, 0.5)],
             &[("align", 1, 1.0)],
         ]),
         "stages[0].modules[0].sm",
@@ -239,14 +238,14 @@ fn bad_plans_are_refused_naming_the_field() {
     );
     check(
         plan(&[
-            &[("vision", 17, 1.0), ("text", 1, 1.0)],
+            &[("vision", 17, 0.5), ("text", 1, 0.5)],
             &[("align", 1, 1.0)],
         ]),
         "stages[0].modules[0].dp",
         "more replicas than the 16 samples",
     );
     let mut p = plan(&[
-        &[("vision", 2, 1.0), ("text", 1, 1.0)],
+        &[("vision", 2, 0.5), ("text", 1, 0.5)],
         &[("align", 1, 1.0)],
     ]);
     p.stages[0].modules[0].gpus = vec![0];

@@ -98,6 +98,3 @@ pub fn write_fitted(profile: &ProfileFile, e: Interference) -> ProfileFile {
     });
     out
 }
-
-#[cfg(test)]
-mod tests;

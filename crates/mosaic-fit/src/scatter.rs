@@ -1,7 +1,7 @@
 //! Predicted vs measured scatter plots as standalone SVG, like the paper's Fig. 8b: one colour
 //! per model, the y = x line, ticks, and a legend with each model's R².
 
-use std::fmt::Write;
+use mosaic_kit::svg::{round_step, Svg};
 
 use crate::observe::Observation;
 use crate::regression::{test_set, FitReport, Model};
@@ -63,14 +63,6 @@ pub fn scatter_series(report: &FitReport, obs: &[Observation]) -> Vec<Series> {
             }
         })
         .collect()
-}
-
-/// Escapes text for SVG.
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// One axis: a value range, linear or logarithmic.
@@ -138,12 +130,7 @@ impl Axis {
             }
         } else {
             let raw = (self.hi - self.lo) / 6.0;
-            let mag = 10f64.powf(raw.log10().floor());
-            let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-                .iter()
-                .map(|k| k * mag)
-                .find(|&s| s >= raw)
-                .unwrap_or(10.0 * mag);
+            let step = round_step(raw, &[1.0, 2.0, 2.5, 5.0]);
             let mut v = (self.lo / step).ceil() * step;
             while v <= self.hi + 1e-9 * step {
                 out.push(if v.abs() < 1e-12 * step { 0.0 } else { v });
@@ -167,7 +154,7 @@ fn tick_label(v: f64) -> String {
 /// Draws one square panel at (x0, y0) of side `side`: points of every series, the y = x line,
 /// ticks and axis labels.
 fn panel(
-    s: &mut String,
+    doc: &mut Svg,
     (x0, y0, side): (f64, f64, f64),
     title: &str,
     label: &str,
@@ -176,72 +163,56 @@ fn panel(
     let axis = Axis::covering(series.iter().flatten().flat_map(|p| [p.0, p.1]));
     let px = |v: f64| x0 + side * axis.pos(v).clamp(-0.02, 1.02);
     let py = |v: f64| y0 + side - side * axis.pos(v).clamp(-0.02, 1.02);
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text>"#,
-        x0 + side / 2.0,
-        y0 - 10.0,
-        escape(title)
-    );
+    doc.text(x0 + side / 2.0, y0 - 10.0)
+        .num("font-size", 13.0)
+        .attr("text-anchor", "middle")
+        .content(title);
     for v in axis.ticks() {
         let (x, y) = (px(v), py(v));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{y0:.1}" y2="{:.1}" stroke="#eee"/><line x1="{x0:.1}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/>"##,
-            y0 + side,
-            x0 + side
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            y0 + side + 14.0,
-            tick_label(v),
-            x0 - 5.0,
-            y + 4.0,
-            tick_label(v)
-        );
+        doc.line(x, y0, x, y0 + side).attr("stroke", "#eee").end();
+        doc.line(x0, y, x0 + side, y).attr("stroke", "#eee").end();
+        doc.text(x, y0 + side + 14.0)
+            .attr("text-anchor", "middle")
+            .content(&tick_label(v));
+        doc.text(x0 - 5.0, y + 4.0)
+            .attr("text-anchor", "end")
+            .content(&tick_label(v));
     }
-    let _ = writeln!(
-        s,
-        r#"<rect x="{x0:.1}" y="{y0:.1}" width="{side:.1}" height="{side:.1}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="4 3"><title>y = x</title></line>"##,
-        px(axis.lo),
-        py(axis.lo),
-        px(axis.hi),
-        py(axis.hi)
-    );
+    doc.rect(x0, y0, side, side)
+        .attr("fill", "none")
+        .attr("stroke", "black")
+        .end();
+    doc.line(px(axis.lo), py(axis.lo), px(axis.hi), py(axis.hi))
+        .attr("stroke", "#555")
+        .attr("stroke-dasharray", "4 3")
+        .title("y = x");
     for (i, pts) in series.iter().enumerate() {
-        let _ = writeln!(s, r#"<g fill="{}" fill-opacity="0.55">"#, colour(i));
+        doc.group()
+            .attr("fill", colour(i))
+            .num("fill-opacity", 0.55)
+            .open();
         for &(m, p) in pts {
             if m.is_finite() && p.is_finite() {
-                let _ = writeln!(
-                    s,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="2.4"/>"#,
-                    px(m),
-                    py(p)
-                );
+                doc.circle(px(m), py(p), 2.4).end();
             }
         }
-        s.push_str("</g>\n");
+        doc.close("g");
     }
     let scale = if axis.log { " (log scale)" } else { "" };
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">measured {}{scale}</text>"#,
-        x0 + side / 2.0,
-        y0 + side + 32.0,
-        escape(label)
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate({:.1} {:.1}) rotate(-90)" text-anchor="middle">predicted {}{scale}</text>"#,
-        x0 - 48.0,
-        y0 + side / 2.0,
-        escape(label)
-    );
+    doc.text(x0 + side / 2.0, y0 + side + 32.0)
+        .attr("text-anchor", "middle")
+        .content(&format!("measured {label}{scale}"));
+    doc.rotated_text(x0 - 48.0, y0 + side / 2.0, -90.0)
+        .attr("text-anchor", "middle")
+        .content(&format!("predicted {label}{scale}"));
+}
+
+/// The points of every series, as (measured, predicted) by `of`.
+fn points(series: &[Series], of: impl Fn(&ScatterPoint) -> (f64, f64)) -> Vec<Vec<(f64, f64)>> {
+    series
+        .iter()
+        .map(|se| se.points.iter().map(&of).collect())
+        .collect()
 }
 
 /// The scatter plot of `series` as an SVG document: on the left predicted vs measured time
@@ -254,50 +225,27 @@ pub fn scatter_svg(title: &str, series: &[Series]) -> String {
     let legend_top = top + side + 60.0;
     let width = left + 2.0 * side + gap + 30.0;
     let height = legend_top + 20.0 * series.len() as f64 + 10.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
-        width / 2.0,
-        escape(title)
-    );
-    let times: Vec<Vec<(f64, f64)>> = series
-        .iter()
-        .map(|se| {
-            se.points
-                .iter()
-                .map(|p| (p.measured_ms, p.predicted_ms))
-                .collect()
-        })
-        .collect();
-    let slowdowns: Vec<Vec<(f64, f64)>> = series
-        .iter()
-        .map(|se| {
-            se.points
-                .iter()
-                .map(|p| {
-                    (
-                        p.measured_ms / p.base_ms - 1.0,
-                        p.predicted_ms / p.base_ms - 1.0,
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let mut doc = Svg::new(width, height, "sans-serif", 11.0);
+    doc.text(width / 2.0, 22.0)
+        .num("font-size", 15.0)
+        .attr("text-anchor", "middle")
+        .content(title);
+    let times = points(series, |p| (p.measured_ms, p.predicted_ms));
+    let slowdowns = points(series, |p| {
+        (
+            p.measured_ms / p.base_ms - 1.0,
+            p.predicted_ms / p.base_ms - 1.0,
+        )
+    });
     panel(
-        &mut s,
+        &mut doc,
         (left, top, side),
         "iteration time",
         "time (ms)",
         &times,
     );
     panel(
-        &mut s,
+        &mut doc,
         (left + side + gap, top, side),
         "slowdown from co-location",
         "slowdown",
@@ -305,19 +253,12 @@ pub fn scatter_svg(title: &str, series: &[Series]) -> String {
     );
     for (i, se) in series.iter().enumerate() {
         let y = legend_top + 20.0 * i as f64;
-        let _ = writeln!(
-            s,
-            r#"<circle cx="{:.1}" cy="{:.1}" r="5" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            left + 5.0,
-            y - 4.0,
-            colour(i),
-            left + 16.0,
-            y,
-            escape(&se.name)
-        );
+        doc.circle(left + 5.0, y - 4.0, 5.0)
+            .attr("fill", colour(i))
+            .end();
+        doc.text(left + 16.0, y).content(&se.name);
     }
-    s.push_str("</svg>\n");
-    s
+    doc.finish()
 }
 
 #[cfg(test)]

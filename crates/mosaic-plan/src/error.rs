@@ -1,4 +1,9 @@
-//! The planner's error type.
+//! The planner's errors: why no plan could be made ([`PlanError`]), and why a plan file is
+//! refused ([`PlanFileError`]).
+
+use std::path::{Path, PathBuf};
+
+use crate::plan::PLAN_FORMAT;
 
 /// Why no plan could be made.
 #[derive(Debug, thiserror::Error)]
@@ -30,4 +35,212 @@ pub enum PlanError {
         /// Module count.
         modules: usize,
     },
+}
+
+/// A `mosaic-plan/1` file that cannot be read, or that does not fit the model it is run for.
+/// Every variant but [`PlanFileError::Io`] names the file and the field (e.g.
+/// `stages[1].modules[2].gpus[0]`); the simulator and the engine add only their own checks.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFileError {
+    /// The plan file could not be read at all.
+    #[error("{file}: cannot read: {source}", file = file.display())]
+    Io {
+        /// The plan file.
+        file: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed, or a field is missing or has the wrong type.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    Syntax {
+        /// The plan file.
+        file: PathBuf,
+        /// Path of the offending field.
+        field: String,
+        /// What the parser expected.
+        message: String,
+    },
+    /// The `format` field is missing or is not [`PLAN_FORMAT`].
+    #[error("{file}: field `format`: expected \"{PLAN_FORMAT}\", found {found}", file = file.display())]
+    Format {
+        /// The plan file.
+        file: PathBuf,
+        /// What the file has instead.
+        found: String,
+    },
+    /// A module the model does not have.
+    #[error(
+        "{file}: field `{field}`: unknown module \"{name}\"; {model} has {known}",
+        file = file.display()
+    )]
+    UnknownModule {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[3].name`.
+        field: String,
+        /// The unknown name.
+        name: String,
+        /// The model, as its consumer names it (`model ofasys`, `engine model clip-tiny`).
+        model: String,
+        /// The model's module names, comma-separated.
+        known: String,
+    },
+    /// A module placed in two places.
+    #[error(
+        "{file}: field `{field}`: module \"{name}\" is placed twice (first at `{first}`)",
+        file = file.display()
+    )]
+    DuplicateModule {
+        /// The plan file.
+        file: PathBuf,
+        /// The second placement, e.g. `stages[2].modules[0].name`.
+        field: String,
+        /// The module.
+        name: String,
+        /// The first placement.
+        first: String,
+    },
+    /// A module of the model that no stage runs.
+    #[error(
+        "{file}: field `stages`: module \"{name}\" of {model} is not placed in any stage",
+        file = file.display()
+    )]
+    MissingModule {
+        /// The plan file.
+        file: PathBuf,
+        /// The module.
+        name: String,
+        /// The model, as its consumer names it.
+        model: String,
+    },
+    /// A module that runs no later than a module it consumes.
+    #[error(
+        "{file}: field `{field}`: module \"{name}\" runs in stage {stage} but its producer \
+         \"{producer}\" runs in stage {producer_stage}; producers must run in earlier stages",
+        file = file.display()
+    )]
+    Order {
+        /// The plan file.
+        file: PathBuf,
+        /// The consumer's placement, e.g. `stages[0].modules[1].name`.
+        field: String,
+        /// The consumer.
+        name: String,
+        /// Its stage (0-based, as in the field path).
+        stage: usize,
+        /// The producer.
+        producer: String,
+        /// The producer's stage (0-based).
+        producer_stage: usize,
+    },
+    /// `dp` is 0 or differs from the number of GPUs listed.
+    #[error(
+        "{file}: field `{field}`: dp {dp} but {gpus} GPU(s) listed; dp must be at least 1 and \
+         equal the number of GPUs",
+        file = file.display()
+    )]
+    DpMismatch {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].dp`.
+        field: String,
+        /// The module's dp.
+        dp: u32,
+        /// GPUs listed.
+        gpus: usize,
+    },
+    /// A quota outside (0, 1].
+    #[error("{file}: field `{field}`: SM quota {sm} outside (0, 1]", file = file.display())]
+    BadQuota {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].sm`.
+        field: String,
+        /// The quota.
+        sm: f64,
+    },
+    /// A GPU index outside the plan's pool.
+    #[error(
+        "{file}: field `{field}`: GPU {gpu} is outside the pool of {pool} GPU(s) (GPUs are \
+         numbered from 0)",
+        file = file.display()
+    )]
+    GpuOutOfRange {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[1].modules[2].gpus[0]`.
+        field: String,
+        /// The GPU index.
+        gpu: u32,
+        /// GPUs in the plan's pool.
+        pool: u32,
+    },
+    /// A GPU listed twice by one module.
+    #[error(
+        "{file}: field `{field}`: GPU {gpu} is listed twice; each replica needs its own GPU",
+        file = file.display()
+    )]
+    RepeatedGpu {
+        /// The plan file.
+        file: PathBuf,
+        /// The second occurrence, e.g. `stages[1].modules[2].gpus[3]`.
+        field: String,
+        /// The GPU index.
+        gpu: u32,
+    },
+    /// The quotas of a stage's modules on one GPU add up to more than the whole GPU.
+    #[error(
+        "{file}: field `{field}`: the quotas on GPU {gpu} add up to {quota:.3} > 1",
+        file = file.display()
+    )]
+    Oversubscribed {
+        /// The plan file.
+        file: PathBuf,
+        /// The placement that tips it over, e.g. `stages[0].modules[8].gpus[0]`.
+        field: String,
+        /// The GPU index.
+        gpu: u32,
+        /// The summed quota.
+        quota: f64,
+    },
+}
+
+impl PlanFileError {
+    /// The plan field the error is about, if any.
+    pub fn field(&self) -> Option<&str> {
+        use PlanFileError as E;
+        match self {
+            E::Io { .. } => None,
+            E::Format { .. } => Some("format"),
+            E::MissingModule { .. } => Some("stages"),
+            E::Syntax { field, .. }
+            | E::UnknownModule { field, .. }
+            | E::DuplicateModule { field, .. }
+            | E::Order { field, .. }
+            | E::DpMismatch { field, .. }
+            | E::BadQuota { field, .. }
+            | E::GpuOutOfRange { field, .. }
+            | E::RepeatedGpu { field, .. }
+            | E::Oversubscribed { field, .. } => Some(field),
+        }
+    }
+
+    /// The plan file the error is about.
+    pub fn file(&self) -> &Path {
+        use PlanFileError as E;
+        match self {
+            E::Io { file, .. }
+            | E::Syntax { file, .. }
+            | E::Format { file, .. }
+            | E::UnknownModule { file, .. }
+            | E::DuplicateModule { file, .. }
+            | E::MissingModule { file, .. }
+            | E::Order { file, .. }
+            | E::DpMismatch { file, .. }
+            | E::BadQuota { file, .. }
+            | E::GpuOutOfRange { file, .. }
+            | E::RepeatedGpu { file, .. }
+            | E::Oversubscribed { file, .. } => file,
+        }
+    }
 }

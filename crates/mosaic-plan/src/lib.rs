@@ -4,7 +4,9 @@
 //! pool; inside a stage each module gets a data-parallel degree and an SM quota on each of its
 //! GPUs. [`stage_eval`] solves one stage exactly, [`gahc()`] is the paper's Alg. 1, and
 //! [`exact()`] finds the optimal stage sequence by A* over the DAG's down-sets. [`solve`] runs
-//! them as `--search gahc|exact|auto` asks and returns a [`Plan`].
+//! them as `--search gahc|exact|auto` asks and returns a [`Plan`], the `mosaic-plan/1` file.
+//! [`load_plan`] reads such a file back and [`Plan::resolve`] checks it against a model: the one
+//! plan loader the simulator and the engine use.
 //!
 //! ```
 //! use mosaic_profile::{parse, PerfModel};
@@ -35,6 +37,7 @@ pub mod exact;
 pub mod gahc;
 pub mod order;
 mod plan;
+mod read;
 pub mod stage_eval;
 pub mod synthetic;
 
@@ -44,10 +47,11 @@ use mosaic_profile::{ModuleSet, PerfModel};
 
 pub use cache::{EvalStats, StageCache};
 pub use candidates::{Candidate, Candidates};
-pub use error::PlanError;
+pub use error::{PlanError, PlanFileError};
 pub use exact::exact;
 pub use gahc::gahc;
 pub use plan::{Plan, PlanModule, PlanStage, PLAN_FORMAT};
+pub use read::{load_plan, parse_plan, Assignment, ModuleGraph};
 pub use stage_eval::{stage_eval, Placement, StageAlloc};
 
 /// A model's modules and their candidates on a pool of identical GPUs.

@@ -1,4 +1,5 @@
-//! The `mosaic-plan/1` file: stages, and per module its dp, quota, GPUs and predicted time.
+//! The `mosaic-plan/1` file: stages, and per module its dp, quota, GPUs and predicted time,
+//! as written from a solve ([`Plan::new`]); `read.rs` reads it back.
 
 use serde::{Deserialize, Serialize};
 
@@ -122,72 +123,5 @@ impl Plan {
             cluster: None,
             stages,
         }
-    }
-
-    /// Checks the plan against the model and pool: every module placed once, producers in
-    /// earlier stages, distinct GPUs within the pool, quotas ≤ 1 and memory within capacity
-    /// on every GPU. Returns the first violation found.
-    pub fn check(&self, model: &PerfModel) -> Result<(), String> {
-        let mut stage_of = vec![None; model.modules.len()];
-        for (si, s) in self.stages.iter().enumerate() {
-            let mut quota = vec![0.0; self.gpus as usize];
-            let mut mem = vec![0.0; self.gpus as usize];
-            for m in &s.modules {
-                let i = model
-                    .index_of(&m.name)
-                    .ok_or(format!("unknown module \"{}\"", m.name))?;
-                if stage_of[i].replace(si).is_some() {
-                    return Err(format!("module \"{}\" is placed twice", m.name));
-                }
-                if m.gpus.len() != m.dp as usize {
-                    return Err(format!(
-                        "module \"{}\": dp {} but {} GPUs",
-                        m.name,
-                        m.dp,
-                        m.gpus.len()
-                    ));
-                }
-                if !(m.sm > 0.0 && m.sm <= 1.0) {
-                    return Err(format!(
-                        "module \"{}\": quota {} outside (0, 1]",
-                        m.name, m.sm
-                    ));
-                }
-                let mut seen = std::collections::HashSet::new();
-                for &g in &m.gpus {
-                    if g >= self.gpus || !seen.insert(g) {
-                        return Err(format!(
-                            "module \"{}\": GPU {g} is out of the pool or repeated",
-                            m.name
-                        ));
-                    }
-                    quota[g as usize] += m.sm;
-                    mem[g as usize] += m.mem_gib;
-                }
-            }
-            for g in 0..self.gpus as usize {
-                if quota[g] > 1.0 + 1e-6 {
-                    return Err(format!("stage {si}: GPU {g} has quota {:.3} > 1", quota[g]));
-                }
-                if mem[g] > model.device.memory_gib + 1e-3 {
-                    return Err(format!(
-                        "stage {si}: GPU {g} needs {:.2} GiB > {}",
-                        mem[g], model.device.memory_gib
-                    ));
-                }
-            }
-        }
-        for (i, m) in model.modules.iter().enumerate() {
-            let s = stage_of[i].ok_or(format!("module \"{}\" is not placed", m.name))?;
-            for p in m.parents.iter() {
-                if stage_of[p].is_none_or(|sp| sp >= s) {
-                    return Err(format!(
-                        "module \"{}\" runs in stage {s}, not after its producer \"{}\"",
-                        m.name, model.modules[p].name
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -3,9 +3,9 @@
 //! [`random_profiles`] builds a valid `mosaic-profiles/1` file from a seed: a multimodal-looking
 //! DAG (encoder chains fanning into a backbone, heads after it, a few extra cross edges) and,
 //! per module, a roofline-ish scaling surface sampled on the paper's grid (dp at powers of two,
-//! SM quota at deciles, §3.3). The same seed always gives the same file: the generator is a
-//! self-contained [`SplitMix64`], not the `rand` crate, so no dependency update can change the
-//! models a test or benchmark sees.
+//! SM quota at deciles, §3.3). The same seed always gives the same file: the generator is the
+//! self-contained [`SplitMix64`] of `mosaic-kit`, not the `rand` crate, so no dependency
+//! update can change the models a test or benchmark sees.
 //!
 //! ```
 //! use mosaic_plan::synthetic::random_profiles;
@@ -16,74 +16,10 @@
 //! assert_eq!(random_profiles(7, 6, 8), file, "deterministic");
 //! ```
 
+use mosaic_kit::rng::SplitMix64;
 use mosaic_profile::{
     Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT, MAX_MODULES,
 };
-
-/// The SplitMix64 pseudo-random generator (Steele, Lea and Flood, OOPSLA 2014): tiny, fast,
-/// and good enough for test data. Not for cryptography.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator whose sequence is fully determined by `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 uniformly distributed bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform float in [0, 1) with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// A uniform float in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.next_f64()
-    }
-
-    /// A float in [lo, hi) whose logarithm is uniform (so every decade is equally likely);
-    /// `lo` must be positive.
-    pub fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo * (hi / lo).powf(self.next_f64())
-    }
-
-    /// A uniform integer in `0..n`; `n` must be positive.
-    pub fn below(&mut self, n: u64) -> u64 {
-        assert!(n > 0, "SplitMix64::below(0)");
-        // Multiply-shift (Lemire): bias below 2^-64 per draw, irrelevant for test data.
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-
-    /// A uniform integer in `lo..=hi`; requires `lo <= hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        assert!(lo <= hi, "SplitMix64::range({lo}, {hi})");
-        lo + self.below((hi - lo) as u64 + 1) as usize
-    }
-
-    /// `true` with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.next_f64() < p
-    }
-
-    /// Shuffles `items` in place (Fisher–Yates).
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            items.swap(i, j);
-        }
-    }
-}
 
 /// Device memory of the synthetic GPU, in GiB (an 80 GiB H100 SXM5, NVIDIA H100 datasheet).
 pub const SYNTHETIC_MEMORY_GIB: f64 = 80.0;

@@ -1,7 +1,7 @@
 //! Random colocation measurements on a simulated GPU: the `mosaic-colocations/1` data the
-//! interference coefficients of Eq. 8 are fitted to (`mosaic simulate --colocations N`).
+//! interference coefficients of Eq. 8 are fitted to (`mosaic simulate colocations --count N`).
 
-use mosaic_plan::synthetic::SplitMix64;
+use mosaic_kit::rng::SplitMix64;
 use mosaic_profile::{
     ColocatedModule, Colocation, ColocationFile, PerfModel, QuotaOption, COLOCATIONS_FORMAT,
 };

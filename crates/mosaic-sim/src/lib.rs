@@ -48,7 +48,7 @@
 //! ```
 //! let model = mosaic_zoo::model("clip")?;
 //! let cluster = mosaic_zoo::cluster("h100x8")?;
-//! let plan = mosaic_sim::parse_plan(r#"{
+//! let plan = mosaic_plan::parse_plan(r#"{
 //!     "format": "mosaic-plan/1", "iteration_ms": 30.0, "search": "hand", "solve_ms": 0.0,
 //!     "gpus": 8, "device": "H100-SXM5-80GB", "granularity": 0.1,
 //!     "stages": [
@@ -74,8 +74,8 @@
 #![warn(missing_docs)]
 
 mod colocations;
-mod engine;
 mod error;
+mod fluid;
 mod report;
 mod svg;
 mod trace;
@@ -84,7 +84,7 @@ mod work;
 
 use std::path::Path;
 
-use mosaic_plan::Plan;
+use mosaic_plan::{Assignment, Plan};
 use mosaic_zoo::{Calibration, ClusterSpec, ModelSpec};
 
 pub use colocations::{random_colocations, MAX_COLOCATED};
@@ -94,9 +94,7 @@ pub use report::{
 };
 pub use svg::svg;
 pub use trace::chrome_trace;
-pub use validate::{load_plan, parse_plan};
 
-use engine::{Placement, StageSpec};
 use report::relative;
 
 /// Settings of a simulation.
@@ -140,10 +138,40 @@ pub fn simulate_with(
     let file = file.as_ref();
     let cal = &opts.calibration;
     let stages = validate::resolve(plan, file, model, cluster, cal)?;
-    let out = engine::run(cal, model, cluster, &stages, plan.gpus);
+    let out = fluid::run(cal, model, cluster, &stages, plan.gpus);
 
-    let stage_reports: Vec<StageReport> = out
-        .stages
+    let stage_reports = stage_reports(&out, plan);
+    let gpus = out.gpu_reports(cluster.gpus_per_node);
+    let n = gpus.len().max(1) as f64;
+    let iteration_ms = out.end * 1e3;
+    Ok(SimReport {
+        format: REPORT_FORMAT.to_string(),
+        plan: file.display().to_string(),
+        model: model.name.clone(),
+        cluster: cluster.name.clone(),
+        device: cluster.device.name.clone(),
+        gpus: plan.gpus,
+        gpus_per_node: cluster.gpus_per_node,
+        iteration_ms,
+        predicted_ms: plan.iteration_ms,
+        prediction_error: relative(iteration_ms, plan.iteration_ms),
+        stages: stage_reports,
+        mean_utilisation: gpus.iter().map(|g| g.utilisation).sum::<f64>() / n,
+        min_utilisation: gpus
+            .iter()
+            .map(|g| g.utilisation)
+            .reduce(f64::min)
+            .unwrap_or(0.0),
+        mean_occupancy: gpus.iter().map(|g| g.occupancy).sum::<f64>() / n,
+        gpu_utilisation: gpus,
+        timeline: out.timeline(opts.timeline_bins),
+        slices: out.slices,
+    })
+}
+
+/// The report of every stage of `out`, against the plan's predictions.
+fn stage_reports(out: &fluid::Outcome, plan: &Plan) -> Vec<StageReport> {
+    out.stages
         .iter()
         .zip(&plan.stages)
         .enumerate()
@@ -180,33 +208,7 @@ pub fn simulate_with(
                     .collect(),
             }
         })
-        .collect();
-    let gpus = report::gpu_reports(&out, cluster.gpus_per_node);
-    let n = gpus.len().max(1) as f64;
-    let iteration_ms = out.end * 1e3;
-    Ok(SimReport {
-        format: REPORT_FORMAT.to_string(),
-        plan: file.display().to_string(),
-        model: model.name.clone(),
-        cluster: cluster.name.clone(),
-        device: cluster.device.name.clone(),
-        gpus: plan.gpus,
-        gpus_per_node: cluster.gpus_per_node,
-        iteration_ms,
-        predicted_ms: plan.iteration_ms,
-        prediction_error: relative(iteration_ms, plan.iteration_ms),
-        stages: stage_reports,
-        mean_utilisation: gpus.iter().map(|g| g.utilisation).sum::<f64>() / n,
-        min_utilisation: gpus
-            .iter()
-            .map(|g| g.utilisation)
-            .reduce(f64::min)
-            .unwrap_or(0.0),
-        mean_occupancy: gpus.iter().map(|g| g.occupancy).sum::<f64>() / n,
-        gpu_utilisation: gpus,
-        timeline: report::bin(&out.steps, out.end, opts.timeline_bins),
-        slices: out.slices,
-    })
+        .collect()
 }
 
 /// The simulated times (ms) of modules co-located on one GPU: `placements[i] = (module index,
@@ -229,34 +231,29 @@ pub fn colocate(
     validate::check_cluster(cluster).expect("a cluster with positive bandwidths");
     let total: f64 = placements.iter().map(|p| p.2).sum();
     assert!(total <= 1.0 + 1e-6, "quotas add up to {total} > 1 on GPU 0");
-    let stage = StageSpec {
-        placements: placements
-            .iter()
-            .map(|&(module, dp, sm)| {
-                assert!(module < model.modules.len(), "module {module} out of range");
-                assert!(
-                    dp >= 1 && dp <= cluster.gpus(),
-                    "dp {dp} outside 1..={}",
-                    cluster.gpus()
-                );
-                assert!(sm > 0.0 && sm <= 1.0, "quota {sm} outside (0, 1]");
-                Placement {
-                    module,
-                    dp,
-                    sm,
-                    gpus: (0..dp).collect(),
-                }
-            })
-            .collect(),
-    };
+    let stage: Vec<Assignment> = placements
+        .iter()
+        .map(|&(module, dp, sm)| {
+            assert!(module < model.modules.len(), "module {module} out of range");
+            assert!(
+                dp >= 1 && dp <= cluster.gpus(),
+                "dp {dp} outside 1..={}",
+                cluster.gpus()
+            );
+            assert!(sm > 0.0 && sm <= 1.0, "quota {sm} outside (0, 1]");
+            Assignment {
+                module,
+                dp,
+                sm,
+                gpus: (0..dp).collect(),
+            }
+        })
+        .collect();
     let pool = placements.iter().map(|p| p.1).max().unwrap_or(1);
-    let out = engine::run(&cal, model, cluster, &[stage], pool);
+    let out = fluid::run(&cal, model, cluster, &[stage], pool);
     out.stages[0]
         .modules
         .iter()
         .map(|m| (m.done - out.stages[0].start) * 1e3)
         .collect()
 }
-
-#[cfg(test)]
-mod tests;

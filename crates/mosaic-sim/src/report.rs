@@ -3,8 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Outcome, Step};
-
 /// The value of the `format` field of a [`SimReport`].
 pub const REPORT_FORMAT: &str = "mosaic-sim/1";
 
@@ -182,50 +180,4 @@ pub(crate) fn relative(got: f64, want: f64) -> f64 {
     } else {
         (got - want) / want
     }
-}
-
-/// Averages the pool's activity steps over `bins` equal bins of `[0, end]`.
-pub(crate) fn bin(steps: &[Step], end: f64, bins: usize) -> Vec<TimelinePoint> {
-    if end <= 0.0 || bins == 0 {
-        return Vec::new();
-    }
-    let width = end / bins as f64;
-    let mut out = Vec::with_capacity(bins);
-    let mut k = 0;
-    for b in 0..bins {
-        let (lo, hi) = (b as f64 * width, (b + 1) as f64 * width);
-        let (mut occ, mut util) = (0.0, 0.0);
-        while k < steps.len() && steps[k].t1 <= lo {
-            k += 1;
-        }
-        let mut j = k;
-        while j < steps.len() && steps[j].t0 < hi {
-            let overlap = steps[j].t1.min(hi) - steps[j].t0.max(lo);
-            if overlap > 0.0 {
-                occ += steps[j].occupancy * overlap;
-                util += steps[j].utilisation * overlap;
-            }
-            j += 1;
-        }
-        out.push(TimelinePoint {
-            start_ms: lo * 1e3,
-            end_ms: hi * 1e3,
-            utilisation: util / width,
-            occupancy: occ / width,
-        });
-    }
-    out
-}
-
-/// Per-GPU utilisation of an outcome.
-pub(crate) fn gpu_reports(out: &Outcome, gpus_per_node: u32) -> Vec<GpuReport> {
-    let span = out.end.max(f64::MIN_POSITIVE);
-    (0..out.busy.len())
-        .map(|x| GpuReport {
-            gpu: x as u32,
-            node: x as u32 / gpus_per_node.max(1),
-            utilisation: out.compute[x] / span,
-            occupancy: out.busy[x] / span,
-        })
-        .collect()
 }

@@ -74,17 +74,7 @@ struct Row<'a> {
 
 /// Runs `mosaic compare`.
 pub fn run(args: Args) -> Result<()> {
-    for (flag, v) in [
-        ("--slice-sync-ms", args.slice_sync_ms),
-        ("--step-overhead-ms", args.step_overhead_ms),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(BadInput(format!("{flag}: expected a time ≥ 0 in ms, found {v}")).into());
-        }
-    }
-    if args.global_batch == Some(0) {
-        return Err(BadInput("--global-batch: expected at least 1 sample".into()).into());
-    }
+    check(&args)?;
     let input = args.source.load()?;
     let global_batch = match args.global_batch {
         Some(b) => Some(b),
@@ -117,6 +107,43 @@ pub fn run(args: Args) -> Result<()> {
         .flat_map(|m| m.options.iter().map(|o| o.dp))
         .max()
         .unwrap_or(1);
+    let notes = notes(&input, max_dp, global_batch);
+    if args.json {
+        let info = InputInfo {
+            label: &input.label,
+            model: input.zoo_model.as_deref(),
+            cluster: input.cluster.as_deref(),
+            device: &input.model.device.name,
+            gpus: input.gpus,
+            granularity: input.model.granularity(),
+            max_profiled_dp: max_dp,
+            global_batch,
+        };
+        print_json(info, notes, &rows, mosaic_ms)?;
+    } else {
+        print!("{}", table(&input, &rows, mosaic_ms, &notes));
+    }
+    Ok(())
+}
+
+/// Refuses costs and batches that make no sense.
+fn check(args: &Args) -> Result<()> {
+    for (flag, v) in [
+        ("--slice-sync-ms", args.slice_sync_ms),
+        ("--step-overhead-ms", args.step_overhead_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(BadInput(format!("{flag}: expected a time ≥ 0 in ms, found {v}")).into());
+        }
+    }
+    if args.global_batch == Some(0) {
+        return Err(BadInput("--global-batch: expected at least 1 sample".into()).into());
+    }
+    Ok(())
+}
+
+/// What the reader should know: unprofiled dp values, and DistTrain's batch.
+fn notes(input: &Loaded, max_dp: u32, global_batch: Option<u32>) -> Vec<String> {
     let mut notes = Vec::new();
     if max_dp < input.gpus {
         notes.push(format!(
@@ -134,33 +161,29 @@ pub fn run(args: Args) -> Result<()> {
             mosaic_compare::DEFAULT_MAX_MICROBATCHES
         ),
     });
-    let speedup = |r: &StrategyResult| r.iteration_ms / mosaic_ms;
-    if args.json {
-        let report = Report {
-            format: COMPARE_FORMAT,
-            input: InputInfo {
-                label: &input.label,
-                model: input.zoo_model.as_deref(),
-                cluster: input.cluster.as_deref(),
-                device: &input.model.device.name,
-                gpus: input.gpus,
-                granularity: input.model.granularity(),
-                max_profiled_dp: max_dp,
-                global_batch,
-            },
-            notes,
-            rows: rows
-                .iter()
-                .map(|r| Row {
-                    result: r,
-                    mosaic_exact_speedup: speedup(r),
-                })
-                .collect(),
-        };
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", table(&input, &rows, mosaic_ms, &notes));
-    }
+    notes
+}
+
+/// The `--json` document on standard output.
+fn print_json(
+    input: InputInfo<'_>,
+    notes: Vec<String>,
+    rows: &[StrategyResult],
+    mosaic_ms: f64,
+) -> Result<()> {
+    let report = Report {
+        format: COMPARE_FORMAT,
+        input,
+        notes,
+        rows: rows
+            .iter()
+            .map(|r| Row {
+                result: r,
+                mosaic_exact_speedup: r.iteration_ms / mosaic_ms,
+            })
+            .collect(),
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
 

@@ -30,7 +30,8 @@ pub struct Args {
     /// The built-in cluster of --model, e.g. h100x8.
     #[arg(long, requires = "model")]
     cluster: Option<String>,
-    /// The mosaic-colocations/1 measurements (`mosaic simulate --colocations N --out FILE`).
+    /// The mosaic-colocations/1 measurements (`mosaic simulate colocations` or `mosaic measure
+    /// colocations`).
     #[arg(long)]
     colocations: PathBuf,
     /// Write the profiles with the full model's fitted coefficients to this file.
@@ -95,48 +96,21 @@ struct Output {
     end_to_end: Option<Vec<EndToEnd>>,
 }
 
+/// A built-in model on its built-in cluster.
+type Zoo = (mosaic_zoo::ModelSpec, mosaic_zoo::ClusterSpec);
+
 /// Runs `mosaic fit`.
 pub fn run(args: Args) -> Result<()> {
     let zoo = match (&args.model, &args.cluster) {
         (Some(m), Some(c)) => Some((mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?)),
         _ => None,
     };
-    let (profile, name): (ProfileFile, String) = match (&args.profiles, &zoo) {
-        (Some(path), _) => (mosaic_profile::load(path)?, path.display().to_string()),
-        (None, Some((model, cluster))) => (
-            mosaic_zoo::profile(model, cluster),
-            format!("{}@{}", model.name, cluster.name),
-        ),
-        (None, None) => {
-            return Err(BadInput(
-                "no profiles: give --profiles FILE, or --model NAME --cluster NAME".into(),
-            )
-            .into())
-        }
-    };
+    let (profile, name) = profiles(&args, zoo.as_ref())?;
     let colocations = mosaic_profile::load_colocations(&args.colocations)?;
     let perf = PerfModel::new(&profile, mosaic_fit::LOOKUP_GRANULARITY, &name)?;
     let obs = mosaic_fit::observations(&perf, &colocations, &args.colocations)?;
     let report = mosaic_fit::evaluate(&obs, args.holdout_every);
-
-    let truth = zoo.as_ref().map(|(model, cluster)| {
-        let cal = mosaic_zoo::Calibration::default();
-        move |i: usize, dp: u32, sm: f64| cal.estimate(model, i, cluster, dp, sm).time_ms
-    });
-    let surface = Surface {
-        leave_one_out: mosaic_fit::leave_one_out(&profile),
-        dense: truth
-            .as_ref()
-            .map(|t| mosaic_fit::dense_error(&profile, mosaic_fit::DENSE_STEP, t)),
-        cost: mosaic_fit::profiling_cost(
-            &profile,
-            mosaic_fit::DENSE_STEP,
-            None,
-            mosaic_fit::PROFILED_ITERATIONS,
-            truth.as_ref().map(|t| t as &dyn Fn(usize, u32, f64) -> f64),
-        ),
-    };
-
+    let surface = surface_checks(&profile, zoo.as_ref());
     let end_to_end = match &zoo {
         Some((model, cluster)) if !args.no_end_to_end => {
             let gpus = args.gpus.unwrap_or(cluster.gpus());
@@ -144,31 +118,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         _ => None,
     };
-
-    if let Some(out) = &args.out {
-        let fitted = mosaic_fit::write_fitted(&profile, report.model(Model::Full).interference);
-        let json = serde_json::to_string_pretty(&fitted)? + "\n";
-        std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
-    }
-    if let Some(path) = &args.svg {
-        let title = format!(
-            "{name}: predicted vs measured, {} {} colocations ({})",
-            if report.held_out {
-                report.test_samples
-            } else {
-                report.samples
-            },
-            if report.held_out {
-                "held-out"
-            } else {
-                "fitted"
-            },
-            args.colocations.display()
-        );
-        let svg = mosaic_fit::scatter_svg(&title, &mosaic_fit::scatter_series(&report, &obs));
-        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-
+    write_files(&args, &profile, &name, &report, &obs)?;
     let output = Output {
         profiles: name,
         colocations: args.colocations.display().to_string(),
@@ -189,6 +139,76 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(p) = &args.svg {
             println!("wrote the scatter plot to {}", p.display());
         }
+    }
+    Ok(())
+}
+
+/// The profiles the measurements are fitted against, and the name errors give them.
+fn profiles(args: &Args, zoo: Option<&Zoo>) -> Result<(ProfileFile, String)> {
+    match (&args.profiles, zoo) {
+        (Some(path), _) => Ok((mosaic_profile::load(path)?, path.display().to_string())),
+        (None, Some((model, cluster))) => Ok((
+            mosaic_zoo::profile(model, cluster),
+            format!("{}@{}", model.name, cluster.name),
+        )),
+        (None, None) => Err(BadInput(
+            "no profiles: give --profiles FILE, or --model NAME --cluster NAME".into(),
+        )
+        .into()),
+    }
+}
+
+/// The scaling surface's checks: leave-one-out, and against the device model for a zoo model.
+fn surface_checks(profile: &ProfileFile, zoo: Option<&Zoo>) -> Surface {
+    let truth = zoo.map(|(model, cluster)| {
+        let cal = mosaic_zoo::Calibration::default();
+        move |i: usize, dp: u32, sm: f64| cal.estimate(model, i, cluster, dp, sm).time_ms
+    });
+    Surface {
+        leave_one_out: mosaic_fit::leave_one_out(profile),
+        dense: truth
+            .as_ref()
+            .map(|t| mosaic_fit::dense_error(profile, mosaic_fit::DENSE_STEP, t)),
+        cost: mosaic_fit::profiling_cost(
+            profile,
+            mosaic_fit::DENSE_STEP,
+            None,
+            mosaic_fit::PROFILED_ITERATIONS,
+            truth.as_ref().map(|t| t as &dyn Fn(usize, u32, f64) -> f64),
+        ),
+    }
+}
+
+/// `--out`: the profiles with the full model's coefficients; `--svg`: the scatter plot.
+fn write_files(
+    args: &Args,
+    profile: &ProfileFile,
+    name: &str,
+    report: &FitReport,
+    obs: &[mosaic_fit::Observation],
+) -> Result<()> {
+    if let Some(out) = &args.out {
+        let fitted = mosaic_fit::write_fitted(profile, report.model(Model::Full).interference);
+        let json = serde_json::to_string_pretty(&fitted)? + "\n";
+        std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "{name}: predicted vs measured, {} {} colocations ({})",
+            if report.held_out {
+                report.test_samples
+            } else {
+                report.samples
+            },
+            if report.held_out {
+                "held-out"
+            } else {
+                "fitted"
+            },
+            args.colocations.display()
+        );
+        let svg = mosaic_fit::scatter_svg(&title, &mosaic_fit::scatter_series(report, obs));
+        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }
@@ -246,6 +266,23 @@ fn r2(x: Option<f64>) -> String {
 /// The result as readable tables.
 fn summary(o: &Output) -> String {
     let mut s = String::new();
+    let w = Model::ALL
+        .iter()
+        .map(|m| m.describe().chars().count())
+        .max()
+        .unwrap_or(10);
+    fit_header(&mut s, o);
+    fit_table(&mut s, &o.fit, w);
+    by_modules(&mut s, &o.fit);
+    surface(&mut s, &o.surface);
+    if let Some(rows) = &o.end_to_end {
+        end_to_end_table(&mut s, &o.profiles, rows, w);
+    }
+    s
+}
+
+/// What was fitted against what, how the samples were split, and the measured slowdown.
+fn fit_header(s: &mut String, o: &Output) {
     let f = &o.fit;
     let split = if f.held_out {
         format!(
@@ -268,11 +305,10 @@ fn summary(o: &Output) -> String {
         pct(f.mean_slowdown),
         pct(f.max_slowdown)
     );
-    let w = Model::ALL
-        .iter()
-        .map(|m| m.describe().chars().count())
-        .max()
-        .unwrap_or(10);
+}
+
+/// Each model's coefficients and held-out accuracy; `w`: the model column's width.
+fn fit_table(s: &mut String, f: &FitReport, w: usize) {
     let _ = writeln!(
         s,
         "{:<w$}  {:>7}  {:>7}  {:>7}  {:>8}  {:>11}  {:>8}  {:>8}",
@@ -306,6 +342,10 @@ fn summary(o: &Output) -> String {
          could reach on these samples: {}",
         r2(f.ceiling_r2_slowdown)
     );
+}
+
+/// Held-out error by the number of co-located modules (Fig. 12a).
+fn by_modules(s: &mut String, f: &FitReport) {
     let _ = writeln!(
         s,
         "\nheld-out mean (max) relative error by co-located modules (Fig. 12a):"
@@ -332,8 +372,10 @@ fn summary(o: &Output) -> String {
             cell(Model::Full)
         );
     }
+}
 
-    let sf = &o.surface;
+/// The scaling surface's accuracy and the profiling cost it saves (§3.3).
+fn surface(s: &mut String, sf: &Surface) {
     let worst = |a: &SurfaceAccuracy| {
         a.worst.as_ref().map_or(String::new(), |p| {
             format!(
@@ -383,30 +425,29 @@ fn summary(o: &Output) -> String {
         c.time_ratio,
         c.point_ratio
     );
+}
 
-    if let Some(rows) = &o.end_to_end {
+/// Each fitted model's plan, predicted and simulated (Fig. 12b); `w`: the model column's width.
+fn end_to_end_table(s: &mut String, profiles: &str, rows: &[EndToEnd], w: usize) {
+    let _ = writeln!(
+        s,
+        "\nend to end (Fig. 12b): {profiles} planned with each model's coefficients, each plan \
+         executed in the simulator"
+    );
+    let _ = writeln!(
+        s,
+        "{:<w$}  {:>6}  {:>12}  {:>12}  {:>10}",
+        "model", "stages", "predicted ms", "simulated ms", "vs unaware"
+    );
+    for r in rows {
         let _ = writeln!(
             s,
-            "\nend to end (Fig. 12b): {} planned with each model's coefficients, each plan \
-             executed in the simulator",
-            o.profiles
+            "{:<w$}  {:>6}  {:>12.1}  {:>12.1}  {:>10.3}",
+            r.model.describe(),
+            r.stages,
+            r.predicted_ms,
+            r.simulated_ms,
+            r.normalized
         );
-        let _ = writeln!(
-            s,
-            "{:<w$}  {:>6}  {:>12}  {:>12}  {:>10}",
-            "model", "stages", "predicted ms", "simulated ms", "vs unaware"
-        );
-        for r in rows {
-            let _ = writeln!(
-                s,
-                "{:<w$}  {:>6}  {:>12.1}  {:>12.1}  {:>10.3}",
-                r.model.describe(),
-                r.stages,
-                r.predicted_ms,
-                r.simulated_ms,
-                r.normalized
-            );
-        }
     }
-    s
 }

@@ -128,6 +128,33 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("cannot create {}", args.out.display()))?;
 
     let mut md = String::new();
+    headline_table(&mut md, &cases);
+    sweep_table(&mut md, &sweep);
+    let [iteration, utilisation, scale] = charts(&cases, &sweep);
+    let write = |name: &str, text: &str| -> Result<()> {
+        let path = args.out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write("table.md", &md)?;
+    write("iteration.svg", &iteration.svg())?;
+    write("utilisation.svg", &utilisation.svg())?;
+    write("scale.svg", &scale.svg())?;
+    let json = serde_json::json!({"format": "mosaic-report/1", "cases": cases, "sweep": sweep});
+    write(
+        "report.json",
+        &(serde_json::to_string_pretty(&json)? + "\n"),
+    )?;
+    print!("{md}");
+    eprintln!(
+        "wrote table.md, iteration.svg, utilisation.svg, scale.svg and report.json to {}",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The headline table (Figs. 9 and 10): every case's times, speedups, utilisation and
+/// simulated times, and Mosaic's speedup ranges.
+fn headline_table(md: &mut String, cases: &[Case]) {
     let _ = writeln!(
         md,
         "Predicted iteration time in ms (per global batch for † pipelined strategies) from the\n\
@@ -143,7 +170,7 @@ pub fn run(args: Args) -> Result<()> {
         md,
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
-    for c in &cases {
+    for c in cases {
         let t = |s| c.time(s);
         let m = t(Strategy::MosaicExact);
         let sim = |s| {
@@ -186,13 +213,17 @@ pub fn run(args: Args) -> Result<()> {
         range(&over(Strategy::DistMm)),
         range(&over(Strategy::MegatronLm))
     );
+}
+
+/// OFASys-4's throughput by cluster size (Fig. 14a).
+fn sweep_table(md: &mut String, sweep: &[Case]) {
     let _ = writeln!(
         md,
         "\nOFASys-4 throughput (iterations/s) by cluster size (the paper's Fig. 14a):\n"
     );
     let _ = writeln!(md, "| GPUs | Megatron-LM | DistMM | Spindle | Mosaic exact | × Megatron | × DistMM | × Spindle |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    for c in &sweep {
+    for c in sweep {
         let tp = |s| 1000.0 / c.time(s);
         let m = tp(Strategy::MosaicExact);
         let _ = writeln!(
@@ -208,7 +239,10 @@ pub fn run(args: Args) -> Result<()> {
             m / tp(Strategy::Spindle)
         );
     }
+}
 
+/// The charts: iteration time and utilisation of every case, and the sweep's throughput.
+fn charts(cases: &[Case], sweep: &[Case]) -> [BarChart<'static>; 3] {
     let groups: Vec<String> = cases
         .iter()
         .map(|c| format!("{} ×{}", c.model, c.gpus))
@@ -249,23 +283,5 @@ pub fn run(args: Args) -> Result<()> {
             .map(|c| SHOWN.iter().map(|&s| Some(1000.0 / c.time(s))).collect())
             .collect(),
     };
-    let write = |name: &str, text: &str| -> Result<()> {
-        let path = args.out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-    };
-    write("table.md", &md)?;
-    write("iteration.svg", &iteration.svg())?;
-    write("utilisation.svg", &utilisation.svg())?;
-    write("scale.svg", &scale.svg())?;
-    let json = serde_json::json!({"format": "mosaic-report/1", "cases": cases, "sweep": sweep});
-    write(
-        "report.json",
-        &(serde_json::to_string_pretty(&json)? + "\n"),
-    )?;
-    print!("{md}");
-    eprintln!(
-        "wrote table.md, iteration.svg, utilisation.svg, scale.svg and report.json to {}",
-        args.out.display()
-    );
-    Ok(())
+    [iteration, utilisation, scale]
 }

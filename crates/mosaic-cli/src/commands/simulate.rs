@@ -1,5 +1,5 @@
 //! `mosaic simulate`: a plan in, its simulated execution out (summary, JSON report, Chrome
-//! trace, SVG picture); or, with `--colocations N`, N random colocations measured on one
+//! trace, SVG picture); or, `mosaic simulate colocations`, random colocations measured on one
 //! simulated GPU (the data `mosaic fit` fits the interference term to).
 
 use std::fmt::Write;
@@ -11,12 +11,30 @@ use mosaic_sim::SimReport;
 use crate::input::BadInput;
 use crate::render::gpu_ranges;
 
-/// Arguments of `mosaic simulate`.
+/// Arguments of `mosaic simulate`: a plan to execute, or a verb.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    verb: Option<Verb>,
+    #[command(flatten)]
+    run: Option<PlanArgs>,
+}
+
+/// What `mosaic simulate` does besides executing a plan.
+#[derive(clap::Subcommand, Debug)]
+enum Verb {
+    /// Measure random colocations of a built-in model's modules on one simulated GPU of a
+    /// built-in cluster (mosaic-colocations/1), for `mosaic fit`.
+    Colocations(ColocationArgs),
+}
+
+/// Arguments of a plan's simulation.
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
     /// A mosaic-plan/1 file (`mosaic plan --out`).
-    #[arg(long, required_unless_present = "colocations")]
-    plan: Option<PathBuf>,
+    #[arg(long)]
+    plan: PathBuf,
     /// A built-in cluster to run on (default: the plan's `cluster`).
     #[arg(long)]
     cluster: Option<String>,
@@ -32,34 +50,42 @@ pub struct Args {
     /// Print the full report (with every slice) as JSON instead of a summary.
     #[arg(long)]
     json: bool,
-    /// Instead of a plan, measure N random colocations of --model's modules on one GPU of
-    /// --cluster and write them (mosaic-colocations/1) to --out, for `mosaic fit`.
-    #[arg(
-        long,
-        value_name = "N",
-        conflicts_with_all = ["plan", "trace", "svg", "json"],
-        requires = "out",
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    colocations: Option<u64>,
-    /// Where --colocations writes its file.
-    #[arg(long, requires = "colocations")]
-    out: Option<PathBuf>,
-    /// Seed of --colocations' random draws (the same seed gives the same file).
-    #[arg(long, default_value_t = 1, requires = "colocations")]
+}
+
+/// Arguments of `mosaic simulate colocations`.
+#[derive(clap::Args, Debug)]
+struct ColocationArgs {
+    /// A built-in model (see `mosaic zoo`).
+    #[arg(long)]
+    model: String,
+    /// A built-in cluster: the colocations run on one of its GPUs.
+    #[arg(long)]
+    cluster: String,
+    /// Colocations to draw and measure: 2–8 modules each, dp 1, quotas at 0.1 steps that fit
+    /// one GPU together.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    count: u64,
+    /// Where to write the mosaic-colocations/1 file.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Seed of the random draws (the same seed gives the same file).
+    #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
 /// Runs `mosaic simulate`.
 pub fn run(args: Args) -> Result<()> {
-    if let Some(n) = args.colocations {
-        return colocations(&args, n as usize);
+    match (args.verb, args.run) {
+        (Some(Verb::Colocations(c)), _) => colocations(&c),
+        (None, Some(p)) => simulate(&p),
+        (None, None) => Err(BadInput("--plan: give a mosaic-plan/1 file".into()).into()),
     }
-    let plan_path = args
-        .plan
-        .clone()
-        .expect("clap requires --plan without --colocations");
-    let plan = mosaic_sim::load_plan(&plan_path)?;
+}
+
+/// Executes the plan and reports it.
+fn simulate(args: &PlanArgs) -> Result<()> {
+    let plan_path = &args.plan;
+    let plan = mosaic_plan::load_plan(plan_path)?;
     let file = plan_path.display().to_string();
     let model_name = args
         .model
@@ -90,7 +116,7 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("note: {file} was planned for {what} {planned}; simulating it on {used}");
         }
     }
-    let report = mosaic_sim::simulate(&plan, &plan_path, &model, &cluster)?;
+    let report = mosaic_sim::simulate(&plan, plan_path, &model, &cluster)?;
 
     if let Some(path) = &args.trace {
         let text = serde_json::to_string(&mosaic_sim::chrome_trace(&report))? + "\n";
@@ -113,27 +139,17 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// `--colocations N`: random colocations of the zoo model on one simulated GPU, to `--out`.
-fn colocations(args: &Args, n: usize) -> Result<()> {
-    let (Some(model), Some(cluster)) = (&args.model, &args.cluster) else {
-        return Err(BadInput(
-            "--colocations: give the built-in --model NAME and --cluster NAME to measure (see \
-             `mosaic zoo`)"
-                .into(),
-        )
-        .into());
-    };
-    let model = mosaic_zoo::model(model)?;
-    let cluster = mosaic_zoo::cluster(cluster)?;
+/// `mosaic simulate colocations`: random colocations of the zoo model on one simulated GPU.
+fn colocations(args: &ColocationArgs) -> Result<()> {
+    let model = mosaic_zoo::model(&args.model)?;
+    let cluster = mosaic_zoo::cluster(&args.cluster)?;
     let name = format!("{}@{}", model.name, cluster.name);
     let perf = mosaic_profile::PerfModel::new(&mosaic_zoo::profile(&model, &cluster), 0.1, &name)?;
-    let file = mosaic_sim::random_colocations(&model, &cluster, &perf, n, args.seed);
-    let out = args
-        .out
-        .as_ref()
-        .expect("clap requires --out with --colocations");
+    let file =
+        mosaic_sim::random_colocations(&model, &cluster, &perf, args.count as usize, args.seed);
     let json = serde_json::to_string_pretty(&file)? + "\n";
-    std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
+    std::fs::write(&args.out, json)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
     let most = file
         .samples
         .iter()
@@ -148,7 +164,7 @@ fn colocations(args: &Args, n: usize) -> Result<()> {
         cluster.device.name,
         cluster.name,
         args.seed,
-        out.display()
+        args.out.display()
     );
     Ok(())
 }
@@ -176,6 +192,32 @@ fn summary(r: &SimReport) -> String {
         r.predicted_ms,
         pct(r.prediction_error)
     );
+    stage_tables(&mut s, r);
+    let _ = writeln!(
+        s,
+        "GPU utilisation (SM-time computing at full rate / SM-time): mean {:.0}%, min {:.0}%; \
+         occupancy (SM-time with a kernel resident) mean {:.0}%",
+        100.0 * r.mean_utilisation,
+        100.0 * r.min_utilisation,
+        100.0 * r.mean_occupancy
+    );
+    for row in r.gpu_utilisation.chunks(8) {
+        let cells: Vec<String> = row
+            .iter()
+            .map(|g| format!("GPU {:>2} {:>3.0}%", g.gpu, 100.0 * g.utilisation))
+            .collect();
+        let _ = writeln!(s, "  {}", cells.join("  "));
+    }
+    let _ = writeln!(
+        s,
+        "(times in ms; alone = the module by itself on its GPUs and links; slowdown = simulated / \
+         alone − 1)"
+    );
+    s
+}
+
+/// Every stage: its simulated and predicted time, and its modules as a table.
+fn stage_tables(s: &mut String, r: &SimReport) {
     let name_w = r
         .stages
         .iter()
@@ -224,25 +266,4 @@ fn summary(r: &SimReport) -> String {
         }
         let _ = writeln!(s);
     }
-    let _ = writeln!(
-        s,
-        "GPU utilisation (SM-time computing at full rate / SM-time): mean {:.0}%, min {:.0}%; \
-         occupancy (SM-time with a kernel resident) mean {:.0}%",
-        100.0 * r.mean_utilisation,
-        100.0 * r.min_utilisation,
-        100.0 * r.mean_occupancy
-    );
-    for row in r.gpu_utilisation.chunks(8) {
-        let cells: Vec<String> = row
-            .iter()
-            .map(|g| format!("GPU {:>2} {:>3.0}%", g.gpu, 100.0 * g.utilisation))
-            .collect();
-        let _ = writeln!(s, "  {}", cells.join("  "));
-    }
-    let _ = writeln!(
-        s,
-        "(times in ms; alone = the module by itself on its GPUs and links; slowdown = simulated / \
-         alone − 1)"
-    );
-    s
 }

@@ -1,33 +1,52 @@
 //! `mosaic train`: trains a built-in engine model on this machine by a plan, stage by stage,
-//! each module in a slot created before the first step, with atomic checkpoints and resume.
+//! each module in a slot created before the first step, with atomic checkpoints and resume;
+//! `mosaic train template` writes the plan it follows by default, to edit.
 
+use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use mosaic_engine::bench::{bench_slots, matmul_in_slots};
-use mosaic_engine::checkpoint;
-use mosaic_engine::data::{self, Field, Kind, TensorFile};
-use mosaic_engine::models;
-use mosaic_engine::slot::available_cores;
+use mosaic_engine::measure::available_cores;
+use mosaic_engine::models::{self, TensorFile};
+use mosaic_engine::runtime::checkpoint;
 use mosaic_engine::{
-    sequential_plan, AdamWConfig, Collective, Device, EngineError, InProcess, Schedule, StepReport,
-    TrainConfig, Trainer,
+    sequential_plan, AdamWConfig, Collective, Device, InProcess, Model, StepReport, TrainConfig,
+    Trainer,
 };
 use serde_json::json;
 
+use super::engine::{engine, one_process, pin_candle_threads, schedule};
 use crate::input::BadInput;
 
-/// Arguments of `mosaic train`.
+/// Arguments of `mosaic train`: a training run, or a verb.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    verb: Option<Verb>,
+    #[command(flatten)]
+    run: Option<RunArgs>,
+}
+
+/// What `mosaic train` does besides training.
+#[derive(clap::Subcommand, Debug)]
+enum Verb {
+    /// Write the plan `mosaic train` follows without --plan (plain data parallelism), as a
+    /// mosaic-plan/1 file to edit and pass to --plan.
+    Template(TemplateArgs),
+}
+
+/// Arguments of a training run.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
     /// A built-in engine model: clip-tiny (vision, text → align) or omni-tiny (vision, audio,
     /// text → backbone).
     #[arg(long)]
     model: String,
     /// A mosaic-plan/1 file whose module names are the model's (default: every module its own
-    /// stage, replicated on every rank at quota 1.0; `--write-plan` writes it as a template).
+    /// stage, replicated on every rank at quota 1.0; `mosaic train template` writes it).
     /// A module's dp replicas split the batch; replica k runs on the rank holding plan GPU
     /// gpus[k] (the plan's GPUs spread over the `mpirun` ranks in blocks; one process holds
     /// them all); sm sets the slot's threads, round(sm × cores), at least 1.
@@ -61,97 +80,82 @@ pub struct Args {
     #[arg(long)]
     json_log: bool,
     /// Train on these tensors instead of the model's synthetic data: a safetensors file with
-    /// one tensor per data input, samples along dimension 0 (`--write-data` writes one), read
-    /// in order and cycled.
+    /// one tensor per data input, samples along dimension 0 (`mosaic data write` writes one),
+    /// read in order and cycled.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Write the synthetic batches the run would train on (--steps × --batch samples) as a
-    /// safetensors file for --data, and exit: the format, and a file to replace with your own.
-    #[arg(long, conflicts_with_all = ["bench_slots", "write_plan"])]
-    write_data: Option<PathBuf>,
-    /// Write the plan the run would follow (a mosaic-plan/1 file to edit) and exit.
-    #[arg(long, conflicts_with = "bench_slots")]
-    write_plan: Option<PathBuf>,
-    /// Measure stage transitions and step times with pooled slots against slots created on
-    /// demand, over --steps steps each, and exit (nothing is checkpointed).
-    #[arg(long)]
-    bench_slots: bool,
 }
 
-/// Turns an engine error into bad input (exit code 2) when it is the user's.
-fn engine(e: EngineError) -> anyhow::Error {
-    if e.is_bad_input() {
-        BadInput(e.to_string()).into()
-    } else {
-        e.into()
-    }
+/// Arguments of `mosaic train template`.
+#[derive(clap::Args, Debug)]
+struct TemplateArgs {
+    /// A built-in engine model: clip-tiny or omni-tiny.
+    #[arg(long)]
+    model: String,
+    /// GPUs of the plan: the ranks `mpirun -np N mosaic train --plan` will run it on (1: one
+    /// process). Every module is replicated on all of them at quota 1.0.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    gpus: u32,
+    /// Where to write the plan (default: standard output).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 /// Runs `mosaic train`.
 pub fn run(args: Args) -> Result<()> {
+    match (args.verb, args.run) {
+        (Some(Verb::Template(t)), _) => template(&t),
+        (None, Some(run)) => train(&run),
+        (None, None) => Err(BadInput("--model: give a built-in engine model".into()).into()),
+    }
+}
+
+/// `mosaic train template`: the default plan, written for editing.
+fn template(args: &TemplateArgs) -> Result<()> {
+    one_process("mosaic train template")?;
+    let model = models::build(&args.model, 0, &Device::Cpu).map_err(engine)?;
+    let plan = sequential_plan(&model, args.gpus as usize);
+    let text = serde_json::to_string_pretty(&plan)? + "\n";
+    let Some(out) = &args.out else {
+        print!("{text}");
+        return Ok(());
+    };
+    std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({} stage(s) of {} on {} GPU(s)); edit its stages, dp and sm, then pass it to \
+         `mosaic train --plan`",
+        out.display(),
+        plan.stages.len(),
+        model.name,
+        plan.gpus
+    );
+    Ok(())
+}
+
+/// Who talks: only rank 0, as JSON lines or as text; the other ranks train silently beside it.
+#[derive(Clone, Copy)]
+struct Voice {
+    /// JSON lines on standard output (`--json-log` on rank 0).
+    json: bool,
+    /// Nothing at all (ranks other than 0).
+    quiet: bool,
+}
+
+/// A training run: the model, its plan, a resumed checkpoint, the steps, the summary.
+fn train(args: &RunArgs) -> Result<()> {
     if args.checkpoint_every == 0 {
         return Err(BadInput("--checkpoint-every: expected at least 1 step".into()).into());
     }
-    // candle runs elementwise ops of 64 Ki elements or more on a process-wide pool of its own
-    // that no slot bounds; with one "thread" that pool is empty and they run on the calling
-    // slot thread (see mosaic_engine::slot). No other thread exists yet, and no candle op has
-    // run, so setting the variable here is safe and takes effect.
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
+    pin_candle_threads();
     let collective = collective(args.collective)?;
     let (rank, world) = (collective.rank(), collective.world());
-    if world > 1 && args.bench_slots {
-        return Err(
-            BadInput("--bench-slots measures one process; run it without mpirun".into()).into(),
-        );
-    }
-    let cores = available_cores();
-    let mut model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
-    if let Some(out) = &args.write_data {
-        if rank == 0 {
-            data::write_batches(&*model.data, args.steps, args.batch, out).map_err(engine)?;
-            eprintln!(
-                "wrote {} ({} steps × {} samples of {}'s inputs: {}); train on it with --data",
-                out.display(),
-                args.steps.max(1),
-                args.batch,
-                model.name,
-                describe_fields(&model.data.fields())
-            );
-        }
-        return Ok(());
-    }
-    if let Some(path) = &args.data {
-        let file = TensorFile::load(path, &model.data.fields()).map_err(engine)?;
-        model.data = Box::new(file);
-    }
-    let (plan, plan_file) = match &args.plan {
-        Some(path) => (mosaic_sim::load_plan(path)?, path.clone()),
-        None => (
-            sequential_plan(&model, world),
-            PathBuf::from("(default plan)"),
-        ),
+    let voice = Voice {
+        json: args.json_log && rank == 0,
+        quiet: rank != 0,
     };
-    // Only rank 0 talks; the others train silently beside it.
-    let json_log = args.json_log && rank == 0;
-    let quiet = rank != 0;
-    if let Some(out) = &args.write_plan {
-        if quiet {
-            return Ok(());
-        }
-        let text = serde_json::to_string_pretty(&plan)? + "\n";
-        std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
-        eprintln!(
-            "wrote {} ({} stage(s) of {}); edit its stages, dp and sm, then pass it to --plan",
-            out.display(),
-            plan.stages.len(),
-            model.name
-        );
-        return Ok(());
-    }
-    let schedule =
-        Schedule::from_plan(&plan, &plan_file, &model, args.batch, cores).map_err(engine)?;
+    let cores = available_cores();
+    let model = load_model(args)?;
+    let schedule = schedule(&model, args.plan.as_deref(), world, args.batch, cores)?;
     let config = TrainConfig {
         batch: args.batch,
         adamw: AdamWConfig {
@@ -160,39 +164,50 @@ pub fn run(args: Args) -> Result<()> {
         },
         ..TrainConfig::default()
     };
-    if args.bench_slots {
-        let name = model.name;
-        drop(model);
-        return bench(
-            name,
-            args.seed,
-            &schedule,
-            &config,
-            args.steps,
-            args.json_log,
-        );
-    }
-
     let mut trainer =
         Trainer::with_collective(model, schedule, config, collective).map_err(engine)?;
-    let mut resumed_from = None;
-    if let Some(dir) = &args.checkpoint_dir {
-        if let Some(path) = checkpoint::latest(dir) {
-            let meta = checkpoint::load(&mut trainer, &path).map_err(engine)?;
-            resumed_from = Some(meta.step);
-        }
+    let resumed_from = resume(&mut trainer, args.checkpoint_dir.as_deref())?;
+    announce(args, &trainer, resumed_from, cores, voice);
+    let steps = train_steps(args, &mut trainer, voice)?;
+    if !voice.quiet {
+        conclude(args, &trainer, resumed_from, &steps, voice);
     }
+    Ok(())
+}
+
+/// The built-in model, on the user's tensors with `--data`.
+fn load_model(args: &RunArgs) -> Result<Model> {
+    let mut model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    if let Some(path) = &args.data {
+        let file = TensorFile::load(path, &model.data.fields()).map_err(engine)?;
+        model.data = Box::new(file);
+    }
+    Ok(model)
+}
+
+/// Loads the latest checkpoint in `dir`, if any, and returns its step.
+fn resume(trainer: &mut Trainer, dir: Option<&Path>) -> Result<Option<u64>> {
+    let Some(path) = dir.and_then(checkpoint::latest) else {
+        return Ok(None);
+    };
+    let meta = checkpoint::load(trainer, &path).map_err(engine)?;
+    Ok(Some(meta.step))
+}
+
+/// What the run is: the `start` event, or one line on standard error.
+fn announce(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, cores: usize, v: Voice) {
     let m = trainer.model();
-    let params: Vec<_> = m
-        .modules
-        .iter()
-        .map(|x| json!({"name": x.name, "params": x.params.count()}))
-        .collect();
+    let world = trainer.collective().world();
     let data_name = args
         .data
         .as_ref()
         .map_or("synthetic".to_string(), |p| p.display().to_string());
-    if json_log {
+    if v.json {
+        let params: Vec<_> = m
+            .modules
+            .iter()
+            .map(|x| json!({"name": x.name, "params": x.params.count()}))
+            .collect();
         let start = json!({
             "event": "start", "model": m.name, "seed": m.seed, "batch": args.batch,
             "steps": args.steps, "cores": cores, "schedule": trainer.schedule(),
@@ -201,7 +216,7 @@ pub fn run(args: Args) -> Result<()> {
             "data": data_name,
         });
         println!("{start}");
-    } else if !quiet {
+    } else if !v.quiet {
         let ranks = if world > 1 {
             format!(" × {world} ranks ({})", trainer.collective().name())
         } else {
@@ -219,20 +234,40 @@ pub fn run(args: Args) -> Result<()> {
             }
         );
     }
+}
 
-    let mut progress = Progress::new(args.steps, trainer.step_count(), args.json_log || quiet);
-    let (mut first, mut last): (Option<f32>, Option<StepReport>) = (None, None);
-    let mut recent = std::collections::VecDeque::new();
-    let t0 = Instant::now();
-    let mut saved = None;
+/// What the steps of a run leave for its summary.
+struct Steps {
+    /// The first step's loss.
+    first: Option<f32>,
+    /// The last step.
+    last: Option<StepReport>,
+    /// The last ten losses.
+    recent: VecDeque<f32>,
+    /// When the first step started.
+    t0: Instant,
+    /// The last checkpoint written, and its step.
+    saved: Option<(PathBuf, u64)>,
+}
+
+/// Trains up to `--steps`, logging each step and checkpointing every `--checkpoint-every`.
+fn train_steps(args: &RunArgs, trainer: &mut Trainer, v: Voice) -> Result<Steps> {
+    let mut progress = Progress::new(args.steps, trainer.step_count(), args.json_log || v.quiet);
+    let mut s = Steps {
+        first: None,
+        last: None,
+        recent: VecDeque::new(),
+        t0: Instant::now(),
+        saved: None,
+    };
     while trainer.step_count() < args.steps {
         let r = trainer.step().map_err(engine)?;
-        first.get_or_insert(r.loss);
-        recent.push_back(r.loss);
-        if recent.len() > 10 {
-            recent.pop_front();
+        s.first.get_or_insert(r.loss);
+        s.recent.push_back(r.loss);
+        if s.recent.len() > 10 {
+            s.recent.pop_front();
         }
-        if json_log {
+        if v.json {
             let mut line = serde_json::to_value(&r)?;
             line["event"] = json!("step");
             println!("{line}");
@@ -241,30 +276,37 @@ pub fn run(args: Args) -> Result<()> {
         let done = trainer.step_count() >= args.steps;
         if let Some(dir) = &args.checkpoint_dir {
             if done || r.step.is_multiple_of(args.checkpoint_every) {
-                let c0 = Instant::now();
-                let path = checkpoint::save(&trainer, dir).map_err(engine)?;
-                if json_log {
-                    let ms = c0.elapsed().as_secs_f64() * 1e3;
-                    let line = json!({"event": "checkpoint", "step": r.step,
-                                      "path": path.display().to_string(), "ms": ms});
-                    println!("{line}");
-                }
-                saved = Some((path, r.step));
+                s.saved = Some((save(trainer, dir, r.step, v)?, r.step));
             }
         }
-        last = Some(r);
+        s.last = Some(r);
     }
     progress.finish();
-    if quiet {
-        return Ok(());
+    Ok(s)
+}
+
+/// Writes a checkpoint of step `step`, logging it as JSON.
+fn save(trainer: &Trainer, dir: &Path, step: u64, v: Voice) -> Result<PathBuf> {
+    let c0 = Instant::now();
+    let path = checkpoint::save(trainer, dir).map_err(engine)?;
+    if v.json {
+        let ms = c0.elapsed().as_secs_f64() * 1e3;
+        let line = json!({"event": "checkpoint", "step": step,
+                          "path": path.display().to_string(), "ms": ms});
+        println!("{line}");
     }
-    let Some(last) = last else {
+    Ok(path)
+}
+
+/// The run's summary: the `done` event, or the loss curve's ends and the speed.
+fn conclude(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, s: &Steps, v: Voice) {
+    let Some(last) = &s.last else {
         let msg = format!(
             "nothing to do: {} step(s) are already done (--steps {})",
             trainer.step_count(),
             args.steps
         );
-        if json_log {
+        if v.json {
             println!(
                 "{}",
                 json!({"event": "done", "step": trainer.step_count(), "note": msg})
@@ -272,48 +314,31 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             eprintln!("{msg}");
         }
-        return Ok(());
+        return;
     };
     let ran = last.step - resumed_from.unwrap_or(0);
-    let ms_per_step = t0.elapsed().as_secs_f64() * 1e3 / ran as f64;
-    if json_log {
+    let ms_per_step = s.t0.elapsed().as_secs_f64() * 1e3 / ran as f64;
+    if v.json {
         let done = json!({"event": "done", "step": last.step, "loss": last.loss,
                           "ms_per_step": ms_per_step});
         println!("{done}");
-    } else {
-        println!(
-            "{}: steps {}–{}, loss {:.4} → {:.4} (mean of the last {}: {:.4}), {:.1} ms/step{}",
-            trainer.model().name,
-            resumed_from.unwrap_or(0) + 1,
-            last.step,
-            first.unwrap_or(last.loss),
-            last.loss,
-            recent.len(),
-            recent.iter().sum::<f32>() / recent.len() as f32,
-            ms_per_step,
-            match &saved {
-                Some((p, s)) => format!("; checkpoint {} (step {s})", p.display()),
-                None => String::new(),
-            }
-        );
+        return;
     }
-    Ok(())
-}
-
-/// `image [16, 16] f32, text [6] ids < 64`.
-fn describe_fields(fields: &[Field]) -> String {
-    let f: Vec<String> = fields
-        .iter()
-        .map(|f| {
-            let dims: Vec<String> = f.dims.iter().map(ToString::to_string).collect();
-            let kind = match f.kind {
-                Kind::Real => "f32".to_string(),
-                Kind::Index(n) => format!("ids < {n}"),
-            };
-            format!("{} [{}] {kind}", f.name, dims.join(", "))
-        })
-        .collect();
-    f.join(", ")
+    println!(
+        "{}: steps {}–{}, loss {:.4} → {:.4} (mean of the last {}: {:.4}), {:.1} ms/step{}",
+        trainer.model().name,
+        resumed_from.unwrap_or(0) + 1,
+        last.step,
+        s.first.unwrap_or(last.loss),
+        last.loss,
+        s.recent.len(),
+        s.recent.iter().sum::<f32>() / s.recent.len() as f32,
+        ms_per_step,
+        match &s.saved {
+            Some((p, step)) => format!("; checkpoint {} (step {step})", p.display()),
+            None => String::new(),
+        }
+    );
 }
 
 /// How the ranks of an `mpirun` run sum gradients (`--collective`).
@@ -380,85 +405,6 @@ fn collective(backend: Backend) -> Result<Box<dyn Collective>> {
         .into());
     }
     Ok(Box::new(InProcess))
-}
-
-/// `--bench-slots`: pooled against on-demand slots, and a slot's bound on candle's threads.
-fn bench(
-    model: &str,
-    seed: u64,
-    schedule: &Schedule,
-    config: &TrainConfig,
-    steps: u64,
-    json_out: bool,
-) -> Result<()> {
-    let b = bench_slots(model, seed, schedule, config, steps.max(1)).map_err(engine)?;
-    let matmul = matmul_in_slots(512, 10).map_err(engine)?;
-    #[cfg(feature = "cuda")]
-    {
-        // Green-context slots for the stages' modules on plan GPU 0, pooled vs on demand.
-        use mosaic_engine::slot::cuda::{bench_gpu_slots, driver_unavailable};
-        let stages: Vec<Vec<f64>> = (schedule.stages.iter())
-            .map(|s| {
-                s.iter()
-                    .filter(|p| p.gpus.contains(&0))
-                    .map(|p| p.sm)
-                    .collect()
-            })
-            .filter(|q: &Vec<f64>| !q.is_empty())
-            .collect();
-        if let Some(why) = driver_unavailable() {
-            eprintln!("no GPU: CUDA slots not measured ({why})");
-        } else {
-            let g = bench_gpu_slots(0, &stages, 20).map_err(engine)?;
-            if json_out {
-                println!("{}", json!({"event": "bench-gpu-slots", "gpu": g}));
-            } else {
-                println!(
-                    "green-context slots on {} ({} SMs), SMs per stage {:?}: pool set up in {:.3} ms; \
-                     transition median {:.4} ms pooled, {:.4} ms on demand",
-                    g.device, g.sms, g.granted_sms, g.pool_setup_ms, g.pooled_transition_ms,
-                    g.on_demand_transition_ms
-                );
-            }
-        }
-    }
-    if json_out {
-        println!(
-            "{}",
-            json!({"event": "bench-slots", "slots": b, "matmul_512": matmul})
-        );
-        return Ok(());
-    }
-    println!(
-        "slot pool: {} by {}, {} steps after a warm-up step, {} stage transitions per mode",
-        b.model, b.schedule, b.steps, b.pooled.transitions
-    );
-    println!(
-        "{:<10} {:>22} {:>26} {:>14}",
-        "slots", "created before step 1", "transition mean/max (ms)", "step (ms)"
-    );
-    for (name, f) in [("pooled", &b.pooled), ("on demand", &b.on_demand)] {
-        let created = if f.slots_before_training > 0 {
-            format!("{} in {:.3} ms", f.slots_before_training, f.setup_ms)
-        } else {
-            "0".into()
-        };
-        println!(
-            "{name:<10} {created:>22} {:>26} {:>14.2}",
-            format!("{:.4} / {:.4}", f.launch_ms_mean, f.launch_ms_max),
-            f.step_ms_mean
-        );
-    }
-    println!("(a transition: from a stage phase's start until its last module runs in its slot)");
-    let cells: Vec<String> = matmul
-        .iter()
-        .map(|m| format!("{} thread(s) {:.2} ms", m.threads, m.ms))
-        .collect();
-    println!(
-        "candle 512×512 matmul inside a slot of {}",
-        cells.join(", of ")
-    );
-    Ok(())
 }
 
 /// The progress line on standard error: a bar on a terminal, a line every tenth otherwise.

@@ -15,6 +15,24 @@ pub fn mosaic(args: &[&str]) -> Output {
         .expect("the mosaic binary runs")
 }
 
+/// Runs the `mosaic` binary with the words of `line`, split at whitespace (the tests' paths
+/// have none).
+pub fn mosaic_line(line: &str) -> Output {
+    mosaic(&line.split_whitespace().collect::<Vec<_>>())
+}
+
+/// Runs each `(line, says)` with [`mosaic_line`]: each must exit with code 2 (bad input),
+/// its standard error containing `says`.
+pub fn refused<L: AsRef<str>>(cases: &[(L, &str)]) {
+    for (line, says) in cases {
+        let line = line.as_ref();
+        let o = mosaic_line(line);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{line}: {err}");
+        assert!(err.contains(says), "{line}: expected {says:?} in {err}");
+    }
+}
+
 /// Runs a command that must succeed and print JSON, and returns the JSON.
 pub fn json_of(args: &[&str]) -> Value {
     let o = mosaic(args);

@@ -12,11 +12,12 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::data::{Field, Kind};
-use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
-use crate::models::towers::{Pool, TextTower, Vit};
-use crate::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
-use crate::rng::Rng;
+use mosaic_kit::rng::SplitMix64;
+
+use super::data::{Batch, DataSource, Field, Kind};
+use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
+use super::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
+use super::towers::{Pool, TextTower, Vit};
 
 const DIMS: BlockDims = BlockDims {
     dim: 32,
@@ -76,7 +77,7 @@ struct ClipData {
 
 impl ClipData {
     fn new(seed: u64) -> ClipData {
-        let mut rng = Rng::stream(seed, "clip-tiny/patterns", 0);
+        let mut rng = SplitMix64::stream(seed, "clip-tiny/patterns", 0);
         let patterns = (0..ATTRS)
             .map(|_| (0..VALUES).map(|_| rng.normals(SIDE * SIDE, 0.5)).collect())
             .collect();
@@ -101,7 +102,7 @@ impl DataSource for ClipData {
     }
 
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
-        let mut rng = Rng::stream(self.seed, "clip-tiny/batch", step);
+        let mut rng = SplitMix64::stream(self.seed, "clip-tiny/batch", step);
         let mut images = Vec::with_capacity(batch * SIDE * SIDE);
         let mut tokens = Vec::with_capacity(batch * TEXT_LEN);
         for _ in 0..batch {
@@ -137,7 +138,9 @@ impl DataSource for ClipData {
 
 /// Builds `clip-tiny` with parameters and data drawn from `seed`.
 pub fn build(seed: u64, device: &Device) -> Result<Model> {
-    let pb = |name: &str| ParamBuilder::new(Rng::stream(seed, &format!("init/{name}"), 0), device);
+    let pb = |name: &str| {
+        ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
+    };
 
     let mut p = pb("vision");
     let vision = Vit::new(&mut p, SIDE, PATCH, DIMS, true, Pool::First)?;

@@ -1,18 +1,25 @@
-//! The built-in engine models: small but real multimodal networks, trainable from random
-//! initialisation on synthetic data that is learnable (the loss really falls).
+//! What is trained: the module DAG ([`model`]) built from layers that pass gradients
+//! ([`nn`]), the data it trains on ([`data`]), and the built-in engine models: small but real
+//! multimodal networks, trainable from random initialisation on synthetic data that is
+//! learnable (the loss really falls).
 //!
-//! These are not the zoo's analytical models: they are tiny (width 32, one or two blocks per
-//! module) so that they train in milliseconds on a CPU, but they have the zoo models' module
-//! structure, so that plans place them the same way.
+//! The built-in models are not the zoo's analytical models: they are tiny (width 32, one or two
+//! blocks per module) so that they train in milliseconds on a CPU, but they have the zoo
+//! models' module structure, so that plans place them the same way. Each brings its synthetic
+//! data ([`DataSource`]); [`data::TensorFile`] reads the user's own tensors instead.
 
 mod clip;
+pub mod data;
+pub mod model;
+pub mod nn;
 mod omni;
 mod towers;
 
 use candle_core::Device;
 
+pub use self::data::{Batch, DataSource, Field, Kind, TensorFile};
+pub use self::model::{Model, Module, Net};
 use crate::error::EngineError;
-use crate::model::Model;
 
 /// `(name, description)` of every built-in engine model.
 pub const MODELS: &[(&str, &str)] = &[

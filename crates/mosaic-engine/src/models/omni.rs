@@ -11,13 +11,14 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::data::{Field, Kind};
-use crate::model::{Batch, Coupling, DataSource, Input, Model, Module, Net, Output, Shard};
-use crate::models::towers::{AudioTower, Pool, TextTower, Vit};
-use crate::nn::{
+use mosaic_kit::rng::SplitMix64;
+
+use super::data::{Batch, DataSource, Field, Kind};
+use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
+use super::nn::{
     log_softmax, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
 };
-use crate::rng::Rng;
+use super::towers::{AudioTower, Pool, TextTower, Vit};
 
 const ENCODER: BlockDims = BlockDims {
     dim: 32,
@@ -94,7 +95,7 @@ impl DataSource for OmniData {
     }
 
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
-        let mut rng = Rng::stream(self.seed, "omni-tiny/batch", step);
+        let mut rng = SplitMix64::stream(self.seed, "omni-tiny/batch", step);
         let (mut image, mut audio, mut text, mut label) = (vec![], vec![], vec![], vec![]);
         for _ in 0..batch {
             let bits: Vec<usize> = (0..3).map(|_| rng.below(2) as usize).collect();
@@ -130,7 +131,9 @@ impl DataSource for OmniData {
 
 /// Builds `omni-tiny` with parameters and data drawn from `seed`.
 pub fn build(seed: u64, device: &Device) -> Result<Model> {
-    let pb = |name: &str| ParamBuilder::new(Rng::stream(seed, &format!("init/{name}"), 0), device);
+    let pb = |name: &str| {
+        ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
+    };
     let encoder =
         |name: &'static str, data: &'static str, net: Box<dyn Net>, p: ParamBuilder| Module {
             name,
@@ -174,7 +177,7 @@ pub fn build(seed: u64, device: &Device) -> Result<Model> {
         net: Box::new(net),
     };
 
-    let mut rng = Rng::stream(seed, "omni-tiny/patterns", 0);
+    let mut rng = SplitMix64::stream(seed, "omni-tiny/patterns", 0);
     let mut pattern = |n: usize| rng.normals(n, 0.7);
     let data = OmniData {
         image: [pattern(SIDE * SIDE), pattern(SIDE * SIDE)],

@@ -3,8 +3,8 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::model::{Net, Shard};
-use crate::nn::{run_blocks, Block, BlockDims, LayerNorm, Linear, ParamBuilder};
+use super::model::{Net, Shard};
+use super::nn::{run_blocks, Block, BlockDims, LayerNorm, Linear, ParamBuilder};
 
 /// What a tower hands to the next module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,63 @@
+//! `mosaic data`: the data an engine model trains on, as files (`mosaic train --data`).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use mosaic_engine::models;
+use mosaic_engine::models::data;
+use mosaic_engine::Device;
+
+use super::engine::{describe_fields, engine, one_process};
+
+/// Arguments of `mosaic data`: what it does with the data, and how.
+#[derive(clap::Subcommand, Debug)]
+pub enum Args {
+    /// Write the synthetic batches a training run would see as a safetensors file for
+    /// `mosaic train --data`: the format, and a file to replace with your own tensors.
+    Write(WriteArgs),
+}
+
+/// Arguments of `mosaic data write`.
+#[derive(clap::Args, Debug)]
+pub struct WriteArgs {
+    /// A built-in engine model: clip-tiny or omni-tiny.
+    #[arg(long)]
+    model: String,
+    /// The safetensors file to write: one tensor per data input, samples along dimension 0.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Steps of data to write (--steps × --batch samples; `mosaic train --steps` and
+    /// `--batch` with the same values reproduce the synthetic run bit for bit).
+    #[arg(long, default_value_t = 50)]
+    steps: u64,
+    /// Samples per step.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Seed of the synthetic data (as `mosaic train --seed`).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// Runs `mosaic data`.
+pub fn run(args: Args) -> Result<()> {
+    match args {
+        Args::Write(w) => write(&w),
+    }
+}
+
+/// `mosaic data write`.
+fn write(args: &WriteArgs) -> Result<()> {
+    one_process("mosaic data write")?;
+    let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    data::write_batches(&*model.data, args.steps, args.batch, &args.out).map_err(engine)?;
+    eprintln!(
+        "wrote {} ({} steps × {} samples of {}'s inputs: {}); train on it with `mosaic train \
+         --data`",
+        args.out.display(),
+        args.steps.max(1),
+        args.batch,
+        model.name,
+        describe_fields(&model.data.fields())
+    );
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! What the engine's commands (`train`, `measure`, `data`) share: their errors, candle's
+//! threads, one process, and the schedule a run follows.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use mosaic_engine::models::{Field, Kind};
+use mosaic_engine::{sequential_plan, EngineError, Model, Schedule};
+
+use crate::input::BadInput;
+
+/// Turns an engine error into bad input (exit code 2) when it is the user's.
+pub fn engine(e: EngineError) -> anyhow::Error {
+    if e.is_bad_input() {
+        BadInput(e.to_string()).into()
+    } else {
+        e.into()
+    }
+}
+
+/// Keeps every candle op on its slot's threads. candle runs elementwise ops of 64 Ki elements
+/// or more on a process-wide pool of its own that no slot bounds; with one "thread" that pool
+/// is empty and they run on the calling slot thread (see mosaic_engine::slot). Called before
+/// any other thread exists and any candle op has run, so setting the variable is safe and
+/// takes effect.
+pub fn pin_candle_threads() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
+
+/// Refuses to run `what` as one of several ranks of an MPI launcher: it is one process's job
+/// (a measurement, or a file every rank would write at once).
+pub fn one_process(what: &str) -> Result<()> {
+    let ranks = std::env::var("OMPI_COMM_WORLD_SIZE").or_else(|_| std::env::var("PMI_SIZE"));
+    match ranks {
+        Ok(n) if n != "1" => Err(BadInput(format!(
+            "{what} runs in one process, but an MPI launcher started {n}: run it without mpirun"
+        ))
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// The schedule of `model` by the plan at `plan` (a mosaic-plan/1 file), or by the default
+/// plan over `gpus` GPUs (every module its own stage, on every GPU at quota 1.0).
+pub fn schedule(
+    model: &Model,
+    plan: Option<&Path>,
+    gpus: usize,
+    batch: usize,
+    cores: usize,
+) -> Result<Schedule> {
+    let (plan, file) = match plan {
+        Some(path) => (mosaic_plan::load_plan(path)?, path.to_path_buf()),
+        None => (
+            sequential_plan(model, gpus),
+            PathBuf::from("(default plan)"),
+        ),
+    };
+    Schedule::from_plan(&plan, &file, model, batch, cores).map_err(engine)
+}
+
+/// `image [16, 16] f32, text [6] ids < 64`.
+pub fn describe_fields(fields: &[Field]) -> String {
+    let f: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            let dims: Vec<String> = f.dims.iter().map(ToString::to_string).collect();
+            let kind = match f.kind {
+                Kind::Real => "f32".to_string(),
+                Kind::Index(n) => format!("ids < {n}"),
+            };
+            format!("{} [{}] {kind}", f.name, dims.join(", "))
+        })
+        .collect();
+    f.join(", ")
+}

@@ -1,0 +1,86 @@
+//! `mosaic measure`: the engine's measurements on this machine — a built-in engine model's
+//! profile (`profile`), its modules co-located (`colocations`), and execution slots pooled
+//! against created on demand (`slots`).
+
+mod colocations;
+mod profile;
+mod slots;
+
+use anyhow::Result;
+use mosaic_engine::measure::{Machine, ProfileConfig, Profiler};
+use mosaic_engine::{models, Device};
+
+use super::engine::{engine, one_process, pin_candle_threads};
+
+/// Untimed iterations before the timed ones of every measurement.
+const WARMUP: usize = 2;
+
+/// Arguments of `mosaic measure`: what it measures, and how.
+#[derive(clap::Subcommand, Debug)]
+pub enum Args {
+    /// Measure an engine model's profile (mosaic-profiles/1): every module trained at every
+    /// (dp, quota) grid point, a quota being a slot of round(quota × cores) threads.
+    Profile(profile::Args),
+    /// Measure random colocations (mosaic-colocations/1): modules running side by side, each
+    /// in its own slot, alone and then together — the samples `mosaic fit` fits to.
+    Colocations(colocations::Args),
+    /// Measure stage transitions and step times with slots pooled before training against
+    /// slots created on demand.
+    Slots(slots::Args),
+}
+
+/// The settings a profile and colocations are measured with.
+#[derive(clap::Args, Debug)]
+struct Sweep {
+    /// A built-in engine model: clip-tiny or omni-tiny.
+    #[arg(long)]
+    model: String,
+    /// The global batch; a replica at data-parallel degree dp runs batch/dp samples.
+    #[arg(long, default_value_t = 16, value_parser = at_least_one())]
+    batch: usize,
+    /// The largest data-parallel degree (powers of two up to it and the batch).
+    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
+    max_dp: usize,
+    /// Timed iterations of each measurement, after 2 warm-up ones; the median is kept.
+    #[arg(long, default_value_t = 21, value_parser = at_least_one())]
+    reps: usize,
+    /// Seed of the parameters and the data (and of the colocations' random draws).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// A count of at least one.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+/// Runs `mosaic measure`.
+pub fn run(args: Args) -> Result<()> {
+    one_process("mosaic measure")?;
+    pin_candle_threads();
+    match args {
+        Args::Profile(a) => profile::run(&a),
+        Args::Colocations(a) => colocations::run(&a),
+        Args::Slots(a) => slots::run(&a),
+    }
+}
+
+impl Sweep {
+    /// Fails on an unknown model: called before the machine is measured.
+    fn check_model(&self) -> Result<()> {
+        models::build(&self.model, self.seed, &Device::Cpu).map_err(engine)?;
+        Ok(())
+    }
+
+    /// The profiler of the model on `machine`.
+    fn profiler(&self, machine: Machine) -> Result<Profiler> {
+        let config = ProfileConfig {
+            batch: self.batch,
+            max_dp: self.max_dp,
+            warmup: WARMUP,
+            reps: self.reps,
+            seed: self.seed,
+        };
+        Profiler::new(&self.model, config, machine).map_err(engine)
+    }
+}

@@ -1,0 +1,351 @@
+//! Co-located runs: modules measured side by side, each in its own slot, and how much they slow
+//! each other down; the data the interference coefficients of Eq. 8 are fitted to
+//! (`mosaic fit`).
+//!
+//! [`Profiler::colocations`] draws random sets of 2 or more modules (at most
+//! [`MAX_COLOCATED`], the number of quota steps and the model's modules) with quotas on the
+//! grid adding up to at most one machine and a `dp` each from the grid, and measures each
+//! module alone and then all of them at once, each in its own slot, each one replica of
+//! `batch / dp` samples: the machine plays GPU 0 of the colocation, which hosts replica 0 of
+//! every module. Together, every module iterates until all of them have done `warmup + reps`
+//! iterations; a module's time is the median of its iterations after the warm-up that ended
+//! before the first module stopped, so every kept iteration ran while all others were running.
+//! The slots' busy shares alone and together are measured too: a slot that gets clearly less
+//! core time together than alone lost it to other processes (on up to
+//! [`super::MAX_QUOTA_STEPS`] cores the slots' threads never outnumber the cores), so such a
+//! colocation is measured again and the least disturbed attempt kept (see
+//! [`MeasuredColocation::undisturbed`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::time::Instant;
+
+use mosaic_kit::rng::SplitMix64;
+use mosaic_kit::stats::median_high;
+use serde::Serialize;
+
+use super::machine::{busy_share, MAX_ATTEMPTS, UNDISTURBED};
+use super::profiler::{stand_in_grads, Profiler};
+use crate::error::EngineError;
+use crate::models::model::shards;
+use crate::runtime::slot::{run_in_slots, threads_for, Job, Slot};
+
+/// Most modules in one random colocation (the paper's Fig. 12a goes up to 8).
+pub const MAX_COLOCATED: usize = 8;
+
+/// Settings of the co-located runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ColocationConfig {
+    /// Colocations to draw and measure.
+    pub samples: usize,
+    /// Seed of the draws (the same seed draws the same colocations).
+    pub seed: u64,
+}
+
+/// One module of a measured colocation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ColocatedRun {
+    /// The module.
+    pub module: String,
+    /// Data-parallel degree.
+    pub dp: usize,
+    /// Quota.
+    pub sm: f64,
+    /// Threads of its slot.
+    pub threads: usize,
+    /// Median iteration alone in its slot, measured just before, in ms.
+    pub alone_ms: f64,
+    /// Median iteration while all others ran, in ms: the colocation file's `time_ms`.
+    pub colocated_ms: f64,
+    /// Iterations kept for `colocated_ms`.
+    pub iterations: usize,
+    /// Busy share of the slot's core-time during the timed iterations alone, in [0, 1] (as
+    /// [`super::Point::sm_util`]).
+    pub alone_busy: f64,
+    /// Busy share of the slot's core-time during the run together, in [0, 1]. Well below
+    /// `alone_busy`, the OS gave the slot's cores to other threads: with no more slot threads
+    /// than cores, to other processes on the machine, whose load the time then includes.
+    pub together_busy: f64,
+}
+
+impl ColocatedRun {
+    /// `colocated / alone − 1`.
+    pub fn slowdown(&self) -> f64 {
+        self.colocated_ms / self.alone_ms - 1.0
+    }
+}
+
+/// Modules measured side by side, each in its own slot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeasuredColocation {
+    /// The modules, in model order.
+    pub modules: Vec<ColocatedRun>,
+    /// Times it was measured (see [`MeasuredColocation::undisturbed`]).
+    pub attempts: usize,
+}
+
+impl MeasuredColocation {
+    /// The smallest ratio, over its modules, of the slot's busy share together to alone.
+    pub fn busy_ratio(&self) -> f64 {
+        self.modules
+            .iter()
+            .map(|m| m.together_busy / m.alone_busy.max(1e-9))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Whether every slot got at least [`UNDISTURBED`] of the core time together that it had
+    /// alone. A colocation that was not is measured again, up to [`MAX_ATTEMPTS`] times in all,
+    /// and the least disturbed attempt kept: with no more slot threads than cores, a slot that
+    /// loses core time loses it to other processes, whose load its time would include.
+    pub fn undisturbed(&self) -> bool {
+        self.busy_ratio() >= UNDISTURBED
+    }
+}
+
+/// A module of a colocation: `(module index, dp, quota)`.
+type Pick = (usize, usize, f64);
+
+/// What a module's run together gave: the end (ns since the start) and length (ms) of each of
+/// its iterations, and its slot's busy share.
+type Ends = Result<(Vec<(u64, f64)>, f64), EngineError>;
+
+impl Profiler {
+    /// Draws `config.samples` random colocations (see the module documentation) and measures
+    /// each, calling `on_sample` with its index after each. Fails when this machine cannot
+    /// host two slots at once (one core) or the model has one module.
+    pub fn colocations(
+        &self,
+        config: &ColocationConfig,
+        mut on_sample: impl FnMut(usize, &MeasuredColocation),
+    ) -> Result<Vec<MeasuredColocation>, EngineError> {
+        let quotas = self.quotas();
+        let n = self.model.modules.len();
+        let k_max = MAX_COLOCATED.min(n).min(quotas.len());
+        if k_max < 2 {
+            return Err(EngineError::BadSetting {
+                setting: "mosaic measure colocations".into(),
+                message: format!(
+                    "no two modules can share this machine: {} has {} quota step(s) and {} has \
+                     {n} module(s)",
+                    self.machine.name,
+                    quotas.len(),
+                    self.model.name
+                ),
+            });
+        }
+        let mut out = Vec::with_capacity(config.samples);
+        for s in 0..config.samples {
+            let mut rng = SplitMix64::stream(config.seed, "profile/colocations", s as u64);
+            let picks = self.draw(&mut rng, k_max, &quotas);
+            // Measured again while another process took the slots' cores, keeping the
+            // least disturbed attempt.
+            let mut sample = self.measure_colocation(&picks)?;
+            while !sample.undisturbed() && sample.attempts < MAX_ATTEMPTS {
+                let again = self.measure_colocation(&picks)?;
+                let attempts = sample.attempts + 1;
+                if again.busy_ratio() > sample.busy_ratio() {
+                    sample = again;
+                }
+                sample.attempts = attempts;
+            }
+            on_sample(s, &sample);
+            out.push(sample);
+        }
+        Ok(out)
+    }
+
+    /// One random colocation: 2 to `k_max` distinct modules in model order, whose quotas (a
+    /// positive number of `quotas`' steps each) add up to at most the machine, each with a
+    /// data-parallel degree of the grid.
+    fn draw(&self, rng: &mut SplitMix64, k_max: usize, quotas: &[f64]) -> Vec<Pick> {
+        let n = self.model.modules.len();
+        let dps = self.dps();
+        let k = 2 + rng.below((k_max - 1) as u64) as usize;
+        let mut modules: Vec<usize> = (0..n).collect();
+        rng.shuffle(&mut modules);
+        modules.truncate(k);
+        modules.sort_unstable();
+        // k positive parts of a total of k..=steps quota steps: k − 1 distinct cuts.
+        let total = k + rng.below((quotas.len() - k + 1) as u64) as usize;
+        let mut cuts: Vec<usize> = (1..total).collect();
+        rng.shuffle(&mut cuts);
+        cuts.truncate(k - 1);
+        cuts.sort_unstable();
+        cuts.insert(0, 0);
+        cuts.push(total);
+        modules
+            .iter()
+            .enumerate()
+            .map(|(j, &m)| {
+                let steps = cuts[j + 1] - cuts[j];
+                let dp = dps[rng.below(dps.len() as u64) as usize];
+                (m, dp, quotas[steps - 1])
+            })
+            .collect()
+    }
+
+    /// Measures `picks` alone and together, each in its own slot.
+    fn measure_colocation(&self, picks: &[Pick]) -> Result<MeasuredColocation, EngineError> {
+        let cores = self.machine.cores;
+        let slots = picks
+            .iter()
+            .map(|&(m, _, q)| Slot::cpu(self.model.modules[m].name, q, threads_for(q, cores)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let alone = picks
+            .iter()
+            .zip(&slots)
+            .map(|(&(m, dp, _), slot)| slot.run(|| self.alone(m, dp)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (results, stop_at) = self.together(picks, &slots);
+        let mut modules = Vec::with_capacity(picks.len());
+        for (((&(m, dp, q), slot), result), (alone_ms, alone_busy)) in
+            picks.iter().zip(&slots).zip(results).zip(alone)
+        {
+            let (its, together_busy) = result?;
+            let kept: Vec<f64> = its
+                .into_iter()
+                .skip(self.config.warmup)
+                .filter(|&(end, _)| end <= stop_at)
+                .map(|(_, ms)| ms)
+                .collect();
+            modules.push(ColocatedRun {
+                module: self.model.modules[m].name.to_string(),
+                dp,
+                sm: q,
+                threads: slot.threads(),
+                alone_ms,
+                alone_busy,
+                together_busy,
+                iterations: kept.len(),
+                colocated_ms: median_high(&kept).unwrap_or(0.0),
+            });
+        }
+        Ok(MeasuredColocation {
+            modules,
+            attempts: 1,
+        })
+    }
+
+    /// `warmup` then `reps` iterations of module `m` at `dp` in the current slot: the median
+    /// iteration in ms and the slot's busy share during the timed ones.
+    fn alone(&self, m: usize, dp: usize) -> Result<(f64, f64), EngineError> {
+        let module = &self.model.modules[m];
+        let err = || EngineError::tensor(module.name);
+        let shard = shards(self.config.batch, dp).swap_remove(0);
+        let others = stand_in_grads(&module.params, dp).map_err(err())?;
+        for _ in 0..self.config.warmup {
+            self.iterate(m, &shard, &others, false).map_err(err())?;
+        }
+        let (times, share) = busy_share(|| {
+            (0..self.config.reps)
+                .map(|_| Ok(self.iterate(m, &shard, &others, false)?.0.total_ms()))
+                .collect::<candle_core::Result<Vec<f64>>>()
+                .map_err(err())
+        })?;
+        Ok((median_high(&times).unwrap_or(0.0), share))
+    }
+
+    /// Every pick iterating in its slot at the same time until all have done `warmup + reps`
+    /// iterations: each module's iterations and busy share, and when the first module
+    /// stopped (ns since the start).
+    fn together(&self, picks: &[Pick], slots: &[Slot]) -> (Vec<Ends>, u64) {
+        let target = self.config.warmup + self.config.reps;
+        let stop = AtomicBool::new(false);
+        let stop_at = AtomicU64::new(u64::MAX);
+        let done: Vec<AtomicUsize> = picks.iter().map(|_| AtomicUsize::new(0)).collect();
+        let base = Instant::now();
+        let jobs: Vec<(&Slot, Job<'_, Ends>)> = picks
+            .iter()
+            .zip(slots)
+            .enumerate()
+            .map(|(j, (&(m, dp, _), slot))| {
+                let (stop, stop_at, done) = (&stop, &stop_at, &done);
+                let job: Job<'_, Ends> = Box::new(move || {
+                    let run = || -> Ends {
+                        let module = &self.model.modules[m];
+                        let err = || EngineError::tensor(module.name);
+                        let shard = shards(self.config.batch, dp).swap_remove(0);
+                        let others = stand_in_grads(&module.params, dp).map_err(err())?;
+                        busy_share(|| {
+                            let mut its = Vec::new();
+                            while !stop.load(SeqCst) {
+                                let (t, _) =
+                                    self.iterate(m, &shard, &others, false).map_err(err())?;
+                                let end = base.elapsed().as_nanos() as u64;
+                                its.push((end, t.total_ms()));
+                                done[j].fetch_add(1, SeqCst);
+                                if done.iter().all(|d| d.load(SeqCst) >= target) {
+                                    stop_at.fetch_min(end, SeqCst);
+                                    stop.store(true, SeqCst);
+                                }
+                            }
+                            Ok(its)
+                        })
+                    };
+                    let result = run();
+                    // A failed module must not leave the others iterating forever.
+                    stop.store(true, SeqCst);
+                    result
+                });
+                (slot, job)
+            })
+            .collect();
+        let results = run_in_slots(jobs);
+        (results, stop_at.load(SeqCst))
+    }
+
+    /// One paragraph on what colocation samples are, for the colocations file's `source`.
+    pub fn colocation_source(&self, config: &ColocationConfig) -> String {
+        format!(
+            "mosaic-engine: {} random colocations of {} modules (seed {}, batch {}) on {}: every \
+             module in its own slot at the same time, each one data-parallel replica of \
+             batch/dp samples (the machine plays GPU 0 of the colocation); time_ms is the median \
+             of a module's iterations after {} warm-up that ran while all the others were \
+             running (at least {} each).",
+            config.samples,
+            self.model.name,
+            config.seed,
+            self.config.batch,
+            self.machine.name,
+            self.config.warmup,
+            self.config.reps
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::machine::tests::machine;
+    use crate::measure::profiler::tests::quick;
+
+    #[test]
+    fn colocations_pair_modules_within_one_machine() {
+        let p = Profiler::new("omni-tiny", quick(4, 2), machine(2)).unwrap();
+        let config = ColocationConfig {
+            samples: 3,
+            seed: 9,
+        };
+        let mut calls = 0;
+        let samples = p.colocations(&config, |_, _| calls += 1).unwrap();
+        assert_eq!((samples.len(), calls), (3, 3));
+        for s in &samples {
+            assert_eq!(s.modules.len(), 2, "two half-machine slots on 2 cores");
+            let total: f64 = s.modules.iter().map(|m| m.sm).sum();
+            assert!(total <= 1.0 + 1e-9);
+            assert_ne!(s.modules[0].module, s.modules[1].module);
+            for m in &s.modules {
+                assert!(m.alone_ms > 0.0 && m.colocated_ms > 0.0, "{m:?}");
+                assert!(m.iterations >= 2, "{m:?}");
+                assert!([1, 2].contains(&m.dp));
+                assert_eq!(m.threads, 1);
+            }
+        }
+        // One core cannot host two slots.
+        let one = Profiler::new("clip-tiny", quick(4, 2), machine(1)).unwrap();
+        let e = one.colocations(&config, |_, _| {}).unwrap_err();
+        assert!(
+            e.to_string().starts_with("mosaic measure colocations: "),
+            "{e}"
+        );
+    }
+}

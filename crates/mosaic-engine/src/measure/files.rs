@@ -1,0 +1,140 @@
+//! The engine's measurements as the typed values of the files the planner and `mosaic fit`
+//! read: a sweep as a `mosaic-profiles/1` file ([`profile_file`]), measured colocations as a
+//! `mosaic-colocations/1` file ([`colocation_file`]). `mosaic-profile`, the formats' owner,
+//! serialises and validates them.
+
+use mosaic_profile::{
+    ColocatedModule, Colocation, ColocationFile, Interference, ModuleProfile, ProfileFile, Sample,
+    COLOCATIONS_FORMAT, FORMAT,
+};
+
+use super::colocate::MeasuredColocation;
+use super::machine::Machine;
+use super::sweep::EngineProfile;
+use crate::runtime::trainer::micro;
+
+/// Rounds a utilisation to six decimals (shorter files; the measurement is not finer).
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// The profile file of a sweep: the machine as the device (cores as SMs, RAM as memory),
+/// every grid point a sample (times rounded to 0.1 µs, as `mosaic train` logs them), its
+/// [`EngineProfile::source`] as the source, interference not fitted.
+pub fn profile_file(p: &EngineProfile) -> ProfileFile {
+    ProfileFile {
+        format: FORMAT.to_string(),
+        device: mosaic_profile::Device {
+            name: p.machine.name.clone(),
+            sm_count: p.machine.cores as u32,
+            memory_gib: p.machine.memory_gib,
+        },
+        modules: p
+            .modules
+            .iter()
+            .map(|m| ModuleProfile {
+                name: m.name.clone(),
+                after: m.after.clone(),
+                samples: p
+                    .points_of(&m.name)
+                    .map(|s| Sample {
+                        dp: s.dp as u32,
+                        sm: s.sm,
+                        time_ms: micro(s.time_ms),
+                        mem_gib: s.memory.gib(),
+                        sm_util: round6(s.sm_util),
+                        bw_util: round6(s.bw_util),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        interference: Interference::default(),
+        source: Some(p.source()),
+    }
+}
+
+/// The colocations file of colocations measured on `machine`: every module's colocated median
+/// (rounded to 0.1 µs), with `source` (e.g. [`super::Profiler::colocation_source`]).
+pub fn colocation_file(
+    machine: &Machine,
+    measured: &[MeasuredColocation],
+    source: String,
+) -> ColocationFile {
+    ColocationFile {
+        format: COLOCATIONS_FORMAT.to_string(),
+        device: machine.name.clone(),
+        source: Some(source),
+        samples: measured
+            .iter()
+            .map(|s| Colocation {
+                modules: s
+                    .modules
+                    .iter()
+                    .map(|m| ColocatedModule {
+                        name: m.module.clone(),
+                        dp: m.dp as u32,
+                        sm: m.sm,
+                        time_ms: micro(m.colocated_ms),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{colocation_file, profile_file};
+    use crate::measure::machine::tests::machine;
+    use crate::measure::{ColocationConfig, ProfileConfig, Profiler};
+
+    #[test]
+    fn measured_files_validate_and_feed_the_fit() {
+        let config = ProfileConfig {
+            batch: 4,
+            max_dp: 2,
+            warmup: 1,
+            reps: 2,
+            seed: 1,
+        };
+        let profiler = Profiler::new("omni-tiny", config, machine(2)).unwrap();
+        let profile = profiler.sweep(|_| {}).unwrap();
+        let file = profile_file(&profile);
+        let text = serde_json::to_string(&file).unwrap();
+        let parsed = mosaic_profile::parse(&text, "p.json").unwrap();
+        assert_eq!(parsed.device, file.device);
+        assert_eq!(parsed.modules.len(), file.modules.len());
+        assert_eq!(file.device.sm_count, 2);
+        assert_eq!(file.modules[3].name, "backbone");
+        assert_eq!(file.modules[3].after, ["vision", "audio", "text"]);
+        for m in &file.modules {
+            let grid: Vec<(u32, f64)> = m.samples.iter().map(|s| (s.dp, s.sm)).collect();
+            assert_eq!(grid, [(1, 0.5), (1, 1.0), (2, 0.5), (2, 1.0)]);
+            // A sharded module's replica holds less at dp 2 than at dp 1.
+            if m.name != "backbone" {
+                assert!(m.samples[2].mem_gib < m.samples[0].mem_gib, "{m:?}");
+            }
+        }
+        let perf = mosaic_profile::PerfModel::new(&parsed, 0.1, "p.json").unwrap();
+        assert_eq!(perf.modules.len(), 4);
+
+        let config = ColocationConfig {
+            samples: 2,
+            seed: 5,
+        };
+        let measured = profiler.colocations(&config, |_, _| {}).unwrap();
+        let coloc = colocation_file(
+            profiler.machine(),
+            &measured,
+            profiler.colocation_source(&config),
+        );
+        let text = serde_json::to_string(&coloc).unwrap();
+        let parsed = mosaic_profile::parse_colocations(&text, "c.json").unwrap();
+        assert_eq!(parsed.samples.len(), 2);
+        assert_eq!(parsed.device, file.device.name);
+        let lookup =
+            mosaic_profile::PerfModel::new(&file, mosaic_fit::LOOKUP_GRANULARITY, "p").unwrap();
+        let obs = mosaic_fit::observations(&lookup, &parsed, "c.json").unwrap();
+        assert_eq!(obs.len(), 4);
+    }
+}

@@ -1,0 +1,46 @@
+//! What measures this machine (Mosaic §3.3 and §4, "Performance Model"; `mosaic measure`).
+//!
+//! The planner reads, per module and per grid point (data-parallel degree `dp`, SM quota `sm`),
+//! an iteration time, a memory footprint, an achieved SM utilisation and a memory-bandwidth
+//! utilisation `B(m, a)`. Mosaic's profiler runs each module's training iteration at every grid
+//! point on a GPU and reads them off the device. Here the *device* is this machine: its cores
+//! play the SMs (a quota `a` is a slot of `round(a × cores)` threads, see
+//! [`crate::runtime::slot`]) and its RAM the device memory.
+//!
+//! - `machine`: the machine itself ([`measure_machine`]: CPU, cores, memory, STREAM-triad peak
+//!   bandwidth) and how busy a slot's threads are (`sm_util`).
+//! - `bytes`: what a replica holds and moves, counted from its tensors ([`Memory`],
+//!   [`bytes_moved`]): `mem_gib` and the traffic behind `bw_util`.
+//! - `profiler`: a built-in model's modules ready to be measured one replica at a time
+//!   ([`Profiler`]) and the grid ([`quota_grid`], [`dp_grid`]).
+//! - `sweep`: every module at every grid point ([`Profiler::sweep`] → [`EngineProfile`]).
+//! - `colocate`: modules run side by side in their own slots ([`Profiler::colocations`]), the
+//!   data the interference coefficients of Eq. 8 are fitted to (`mosaic fit`).
+//! - `files`: both as the typed `mosaic-profiles/1` and `mosaic-colocations/1` values
+//!   ([`profile_file`], [`colocation_file`]).
+//! - `slots`: the slot pool's benchmark, pooled against on-demand slots ([`bench_slots`],
+//!   [`matmul_in_slots`]; on a GPU, [`bench_gpu_slots`], whose CUDA part is `gpu_slots`).
+
+mod bytes;
+mod colocate;
+mod files;
+#[cfg(feature = "cuda")]
+mod gpu_slots;
+mod machine;
+mod profiler;
+mod slots;
+mod sweep;
+
+pub use bytes::{bytes_moved, Memory};
+pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOCATED};
+pub use files::{colocation_file, profile_file};
+pub use machine::{
+    available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
+    MAX_QUOTA_STEPS, UNDISTURBED,
+};
+pub use profiler::{dp_grid, ProfileConfig, Profiler, Timing};
+pub use slots::{
+    bench_gpu_slots, bench_slots, matmul_in_slots, GpuSlotBench, MatmulInSlot, ModeFigures,
+    SlotBench,
+};
+pub use sweep::{EngineProfile, ModuleInfo, Point};

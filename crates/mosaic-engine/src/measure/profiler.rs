@@ -1,0 +1,382 @@
+//! The profiler of Mosaic §3.3 and §4 ("Performance Model") on this machine: a built-in
+//! engine model's modules, ready to be measured one replica at a time, and the grid they are
+//! measured on. [`Profiler::sweep`] (in [`super::sweep`]) and [`Profiler::colocations`] (in
+//! [`super::colocate`]) use it.
+//!
+//! # The grid
+//! - Quotas: `k / cores` for `k = 1..=cores` on a machine of at most
+//!   [`MAX_QUOTA_STEPS`](super::MAX_QUOTA_STEPS) cores (every distinct slot size), else the
+//!   paper's deciles `0.1, …, 1.0`; rounded to 0.01 so
+//!   that they lie on `mosaic fit`'s 1 % lookup grid (the rounding never changes the slot's
+//!   thread count, `round(quota × cores)`). See [`quota_grid`].
+//! - Data-parallel degrees: the powers of two up to [`ProfileConfig::max_dp`] and at most the
+//!   batch, so that every replica gets at least one sample. See [`dp_grid`].
+//!
+//! # One replica's iteration
+//! A measurement is what **one data-parallel replica on its own device** sees: the replica's
+//! iteration on its share of the batch (shard 0 of [`crate::models::model::shards`], the
+//! largest when `dp` does not divide the batch) in a slot of `round(sm × cores)` threads. The
+//! iteration is what [`crate::runtime::trainer`] does for one replica of one module:
+//! 1. **forward**: the module's inputs for the shard (outputs of earlier modules wrapped in
+//!    fresh leaf variables, as the trainer does at a module boundary) and its net's forward;
+//! 2. **backward**: back-propagation from the replica's loss share (the loss module) or from
+//!    `Σ y ⊙ g` with a fixed stand-in `g` for ∂loss/∂output (the other modules; the values of
+//!    `g` do not change the work), then every parameter's and input's gradient read out;
+//! 3. **all-reduce**: the gradient sum of `dp` replicas as the engine does it for replicas in
+//!    one process: `dp` gradient sets (this replica's and `dp − 1` stand-in copies made before
+//!    timing) added up in replica order, one tensor addition per parameter and replica. A
+//!    collective between processes or devices (MPI, NCCL) costs something else and is not
+//!    measured here; [`super::Point::parts`] keeps this phase separate. Zero at `dp = 1`;
+//! 4. **optimizer**: the module's AdamW step.
+//!
+//! The activations and gradients that cross module boundaries (the trainer gathers and
+//! redistributes them) are communication between modules, not part of a module's iteration,
+//! and are not timed; neither is drawing the batch. Inputs from earlier modules are computed
+//! once, when the profiler is created.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use mosaic_kit::rng::SplitMix64;
+use serde::Serialize;
+
+use super::bytes::{tape_bytes, tensor_bytes, Memory};
+use super::machine::quota_grid;
+use super::machine::Machine;
+use crate::error::EngineError;
+use crate::models::model::{Input, Model, Output, Shard};
+use crate::models::nn::Params;
+use crate::models::{self, Batch};
+use crate::runtime::optim::{AdamW, AdamWConfig};
+
+/// Settings of a profiling sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileConfig {
+    /// The global batch: a replica at data-parallel degree `dp` runs `batch / dp` samples.
+    pub batch: usize,
+    /// The largest data-parallel degree profiled (powers of two up to it).
+    pub max_dp: usize,
+    /// Untimed iterations before the timed ones at every grid point (at least one is run: the
+    /// first iteration is where memory is counted).
+    pub warmup: usize,
+    /// Timed iterations per grid point; the median is kept.
+    pub reps: usize,
+    /// Seed of the model's parameters, its data and the stand-in gradients.
+    pub seed: u64,
+}
+
+impl Default for ProfileConfig {
+    /// Batch 16 (as `mosaic train`), dp up to 8, 2 warm-up and 21 timed iterations, seed 0.
+    fn default() -> Self {
+        ProfileConfig {
+            batch: 16,
+            max_dp: 8,
+            warmup: 2,
+            reps: 21,
+            seed: 0,
+        }
+    }
+}
+
+/// The data-parallel degrees profiled: powers of two up to `max_dp` and at most `batch`.
+pub fn dp_grid(batch: usize, max_dp: usize) -> Vec<usize> {
+    std::iter::successors(Some(1usize), |d| d.checked_mul(2))
+        .take_while(|&d| d <= max_dp && d <= batch)
+        .collect()
+}
+
+/// One iteration's phases, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timing {
+    /// Forward pass.
+    pub forward_ms: f64,
+    /// Backward pass (with reading out the gradients).
+    pub backward_ms: f64,
+    /// Gradient all-reduce of the `dp` replicas (0 at dp 1).
+    pub allreduce_ms: f64,
+    /// AdamW step.
+    pub optimizer_ms: f64,
+}
+
+impl Timing {
+    /// The whole iteration, in ms.
+    pub fn total_ms(&self) -> f64 {
+        self.forward_ms + self.backward_ms + self.allreduce_ms + self.optimizer_ms
+    }
+}
+
+/// What a module's timed iterations read: its whole-batch inputs and output-gradient stand-in.
+struct Prepared {
+    /// Whole-batch inputs in [`crate::Module::inputs`] order: data tensors, earlier modules'
+    /// outputs.
+    inputs: Vec<Tensor>,
+    /// A stand-in for ∂loss/∂output over the whole batch (activation modules).
+    out_grad: Option<Tensor>,
+}
+
+/// Measures an engine model's modules on this machine.
+pub struct Profiler {
+    pub(super) model: Model,
+    pub(super) config: ProfileConfig,
+    pub(super) machine: Machine,
+    prepared: Vec<Prepared>,
+    optimizers: Vec<Mutex<AdamW>>,
+}
+
+impl Profiler {
+    /// A profiler of the built-in model `model` on `machine` (from [`super::measure_machine`]). Fails
+    /// on an unknown model or a setting that makes no sense (batch, reps or max dp of 0).
+    /// Runs every module's forward pass once on the whole batch, for the inputs of the modules
+    /// after it.
+    pub fn new(
+        model: &str,
+        config: ProfileConfig,
+        machine: Machine,
+    ) -> Result<Profiler, EngineError> {
+        for (setting, value) in [
+            ("--batch", config.batch),
+            ("--reps", config.reps),
+            ("--max-dp", config.max_dp),
+        ] {
+            if value == 0 {
+                return Err(EngineError::BadSetting {
+                    setting: setting.into(),
+                    message: "expected at least 1".into(),
+                });
+            }
+        }
+        let device = Device::Cpu;
+        let model = models::build(model, config.seed, &device)?;
+        let batch = model
+            .data
+            .batch(0, config.batch, &device)
+            .map_err(EngineError::tensor("data"))?;
+        let prepared = prepare(&model, &batch, &config)?;
+        let optimizers = AdamW::per_module(&model, AdamWConfig::default())?;
+        Ok(Profiler {
+            model,
+            config,
+            machine,
+            prepared,
+            optimizers,
+        })
+    }
+
+    /// The model being profiled.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ProfileConfig {
+        &self.config
+    }
+
+    /// The quotas of the sweep ([`quota_grid`] of the machine's cores).
+    pub fn quotas(&self) -> Vec<f64> {
+        quota_grid(self.machine.cores)
+    }
+
+    /// The data-parallel degrees of the sweep ([`dp_grid`]).
+    pub fn dps(&self) -> Vec<usize> {
+        dp_grid(self.config.batch, self.config.max_dp)
+    }
+
+    /// Grid points of the whole sweep.
+    pub fn grid_points(&self) -> usize {
+        self.model.modules.len() * self.dps().len() * self.quotas().len()
+    }
+
+    /// One replica's iteration of module `m` on `shard` (see the module documentation), with
+    /// `others` the other replicas' gradients for the all-reduce; counts the memory when
+    /// `count` is set (outside the timed phases).
+    pub(super) fn iterate(
+        &self,
+        m: usize,
+        shard: &Shard,
+        others: &[Vec<Tensor>],
+        count: bool,
+    ) -> candle_core::Result<(Timing, Option<Memory>)> {
+        let module = &self.model.modules[m];
+        let prep = &self.prepared[m];
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+
+        let t = Instant::now();
+        let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
+        let out = module.net.forward(&xs, shard)?;
+        let forward_ms = ms(t);
+
+        let memory = count.then(|| self.count_memory(m, &out, &xs, &vars));
+
+        let t = Instant::now();
+        let (params, inputs) =
+            module.replica_backward(&out, prep.out_grad.as_ref(), &shard.rows, &vars)?;
+        std::hint::black_box(&inputs);
+        let backward_ms = ms(t);
+
+        let t = Instant::now();
+        let params = all_reduce(params, others)?;
+        let allreduce_ms = if others.is_empty() { 0.0 } else { ms(t) };
+
+        let t = Instant::now();
+        self.optimizers[m]
+            .lock()
+            .expect("optimizer lock")
+            .step(&module.params, &params)?;
+        let optimizer_ms = ms(t);
+        Ok((
+            Timing {
+                forward_ms,
+                backward_ms,
+                allreduce_ms,
+                optimizer_ms,
+            },
+            memory,
+        ))
+    }
+
+    /// What a replica of module `m` holds once its forward pass produced `out` from `xs`
+    /// (`vars` marks the inputs from other modules; the rest are data).
+    fn count_memory(&self, m: usize, out: &Tensor, xs: &[Tensor], vars: &[Option<Var>]) -> Memory {
+        let module = &self.model.modules[m];
+        let data: Vec<&Tensor> = xs
+            .iter()
+            .zip(vars)
+            .filter(|(_, v)| v.is_none())
+            .map(|(x, _)| x)
+            .collect();
+        let opt = self.optimizers[m].lock().expect("optimizer lock");
+        let params = tensor_bytes(module.params.iter().map(|(_, v)| v.as_tensor()));
+        Memory {
+            params,
+            grads: params,
+            optimizer: tensor_bytes(opt.m.iter().chain(&opt.v)),
+            activations: tape_bytes(out, &module.params) + tensor_bytes(data),
+        }
+    }
+}
+
+/// What every module's timed iterations read: its whole-batch inputs from `batch` (of
+/// `config.batch` samples) and earlier modules' outputs (every activation module's forward
+/// pass runs once, on the whole batch), and a stand-in for ∂loss/∂output drawn from
+/// `config.seed`.
+fn prepare(
+    model: &Model,
+    batch: &Batch,
+    config: &ProfileConfig,
+) -> Result<Vec<Prepared>, EngineError> {
+    let mut outputs: Vec<Option<Tensor>> = vec![None; model.modules.len()];
+    let mut prepared = Vec::with_capacity(model.modules.len());
+    for (i, m) in model.modules.iter().enumerate() {
+        let err = EngineError::tensor(m.name);
+        let inputs: Vec<Tensor> = m
+            .inputs
+            .iter()
+            .map(|input| match input {
+                Input::Data(key) => batch.tensors[key].clone(),
+                Input::Module(p) => outputs[*p].clone().expect("producers come earlier"),
+            })
+            .collect();
+        let out_grad = match m.output {
+            Output::Loss => None,
+            Output::Activation => {
+                let whole = Shard {
+                    index: 0,
+                    count: 1,
+                    rows: 0..config.batch,
+                    batch: config.batch,
+                };
+                let out = m.net.forward(&inputs, &whole).map_err(err)?.detach();
+                let values = SplitMix64::stream(config.seed, "profile/out-grad", i as u64)
+                    .normals(out.elem_count(), 0.01);
+                let g = Tensor::from_vec(values, out.shape(), out.device())
+                    .map_err(EngineError::tensor(m.name))?;
+                outputs[i] = Some(out);
+                Some(g)
+            }
+        };
+        prepared.push(Prepared { inputs, out_grad });
+    }
+    Ok(prepared)
+}
+
+/// The gradient sum of `dp` replicas as the engine does it in one process: `params` plus each
+/// of the `others`, in replica order, one tensor addition per parameter and replica.
+fn all_reduce(params: Vec<Tensor>, others: &[Vec<Tensor>]) -> candle_core::Result<Vec<Tensor>> {
+    let mut sum = params;
+    for other in others {
+        for (acc, g) in sum.iter_mut().zip(other) {
+            *acc = (&*acc + g)?;
+        }
+    }
+    Ok(sum)
+}
+
+/// `dp − 1` deep copies of `params`: stand-ins for the other replicas' gradients.
+pub(super) fn stand_in_grads(params: &Params, dp: usize) -> candle_core::Result<Vec<Vec<Tensor>>> {
+    (1..dp)
+        .map(|_| {
+            params
+                .iter()
+                .map(|(_, v)| Ok(v.as_tensor().copy()?.detach()))
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::measure::machine::tests::machine;
+    use crate::measure::MAX_QUOTA_STEPS;
+    use crate::runtime::slot::threads_for;
+
+    pub(crate) fn quick(batch: usize, max_dp: usize) -> ProfileConfig {
+        ProfileConfig {
+            batch,
+            max_dp,
+            warmup: 1,
+            reps: 2,
+            seed: 3,
+        }
+    }
+
+    #[test]
+    fn grids_follow_the_machine_and_the_batch() {
+        assert_eq!(quota_grid(1), [1.0]);
+        assert_eq!(quota_grid(2), [0.5, 1.0]);
+        assert_eq!(quota_grid(3), [0.33, 0.67, 1.0]);
+        assert_eq!(quota_grid(64).len(), MAX_QUOTA_STEPS);
+        assert_eq!(quota_grid(64)[0], 0.1);
+        for cores in 1..=MAX_QUOTA_STEPS {
+            let threads: Vec<usize> = quota_grid(cores)
+                .iter()
+                .map(|&q| threads_for(q, cores))
+                .collect();
+            assert_eq!(threads, (1..=cores).collect::<Vec<_>>(), "{cores} cores");
+        }
+        assert_eq!(dp_grid(16, 8), [1, 2, 4, 8]);
+        assert_eq!(dp_grid(5, 8), [1, 2, 4]);
+        assert_eq!(dp_grid(1, 8), [1]);
+        assert_eq!(dp_grid(16, 3), [1, 2]);
+    }
+
+    #[test]
+    fn bad_settings_and_models_are_named() {
+        let e = Profiler::new("clip-huge", quick(8, 4), machine(2))
+            .err()
+            .unwrap();
+        assert!(e.is_bad_input());
+        assert!(e.to_string().contains("clip-huge") && e.to_string().contains("omni-tiny"));
+        let e = Profiler::new("clip-tiny", quick(0, 4), machine(2))
+            .err()
+            .unwrap();
+        assert!(e.to_string().starts_with("--batch"), "{e}");
+    }
+}

@@ -1,0 +1,390 @@
+//! Training on the user's own tensors: a safetensors file holding one tensor per data input of
+//! the model, all with the same number of samples along the first dimension.
+//!
+//! The batch at data position `step` is samples `step·batch … step·batch + batch − 1`, taken
+//! modulo the file's sample count (the file is cycled through in order), so a batch depends
+//! only on the step and a resumed run sees the batches it would have seen.
+//!
+//! What a model expects is its [`Field`]s (`mosaic data write --model M --out f` writes
+//! synthetic samples in this very format as a template): real-valued inputs are read as f32
+//! (f16, bf16 and f64 are converted), token ids and labels as integers (u8, u16, u32, i32, i64)
+//! checked against the model's vocabulary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::EngineError;
+
+/// One batch: named tensors whose first dimension is the sample.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// Tensors by name.
+    pub tensors: BTreeMap<&'static str, Tensor>,
+}
+
+/// Where batches come from. A batch depends only on the data position (the step), so a run
+/// resumed from a checkpoint sees the same batches as one never stopped.
+pub trait DataSource: Send + Sync {
+    /// The batch of `batch` samples at data position `step`.
+    fn batch(&self, step: u64, batch: usize, device: &Device) -> candle_core::Result<Batch>;
+
+    /// The tensors of a batch: name, shape of one sample, kind of values.
+    fn fields(&self) -> Vec<Field>;
+}
+
+/// What kind of values a data input holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Real numbers (pixels, spectrogram frames), f32.
+    Real,
+    /// Indices below the bound (token ids, class labels), u32.
+    Index(u32),
+}
+
+/// One data input of a model, as its data source provides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    /// The input's name (`image`, `text`, ...).
+    pub name: &'static str,
+    /// The shape of one sample.
+    pub dims: Vec<usize>,
+    /// Its values.
+    pub kind: Kind,
+}
+
+impl Field {
+    fn describe(&self) -> String {
+        let kind = match self.kind {
+            Kind::Real => "real".to_string(),
+            Kind::Index(n) => format!("integer ids below {n}"),
+        };
+        format!("{} {} of {kind}", self.name, batch_shape(&self.dims))
+    }
+}
+
+fn join(dims: &[usize]) -> String {
+    dims.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `[N, 16, 16]` for a batch of samples of `dims`, `[N]` for scalar samples.
+fn batch_shape(dims: &[usize]) -> String {
+    if dims.is_empty() {
+        "[N]".into()
+    } else {
+        format!("[N, {}]", join(dims))
+    }
+}
+
+/// A model's data read from a safetensors file (see the module documentation).
+#[derive(Debug)]
+pub struct TensorFile {
+    path: PathBuf,
+    fields: Vec<Field>,
+    tensors: BTreeMap<&'static str, Tensor>,
+    samples: usize,
+}
+
+impl TensorFile {
+    /// Reads `path` and checks it against `fields`: every field present with `[N, dims…]`
+    /// and values of its kind, the same `N ≥ 1` everywhere, no other tensor. The first
+    /// violation is returned, naming the file and the tensor.
+    pub fn load(path: &Path, fields: &[Field]) -> Result<TensorFile, EngineError> {
+        let bad = |field: &str, message: String| EngineError::Data {
+            file: path.to_path_buf(),
+            field: field.to_string(),
+            message,
+        };
+        let expected = || {
+            fields
+                .iter()
+                .map(Field::describe)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let mut found = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+            let message = match e {
+                candle_core::Error::Io(io) => io.to_string(),
+                other => format!("not a safetensors file: {other}"),
+            };
+            bad("(file)", message)
+        })?;
+        let mut tensors = BTreeMap::new();
+        let mut samples: Option<(usize, &str)> = None;
+        for f in fields {
+            let t = found
+                .remove(f.name)
+                .ok_or_else(|| bad(f.name, format!("missing; the model expects {}", expected())))?;
+            let (&n, sample) = t.dims().split_first().ok_or_else(|| {
+                bad(
+                    f.name,
+                    "a scalar; expected samples along dimension 0".into(),
+                )
+            })?;
+            if sample != f.dims.as_slice() {
+                return Err(bad(
+                    f.name,
+                    format!(
+                        "shape [{}], expected {}",
+                        join(t.dims()),
+                        batch_shape(&f.dims)
+                    ),
+                ));
+            }
+            match samples {
+                None if n == 0 => return Err(bad(f.name, "no samples (N = 0)".into())),
+                None => samples = Some((n, f.name)),
+                Some((m, other)) if m != n => {
+                    return Err(bad(
+                        f.name,
+                        format!(
+                            "{n} samples, but `{other}` has {m}; every tensor needs the same N"
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+            let t = convert(&t, f.kind).map_err(|m| bad(f.name, m))?;
+            tensors.insert(f.name, t);
+        }
+        if let Some(extra) = found.keys().next() {
+            return Err(bad(
+                extra,
+                format!("not an input of the model, which expects {}", expected()),
+            ));
+        }
+        Ok(TensorFile {
+            path: path.to_path_buf(),
+            fields: fields.to_vec(),
+            tensors,
+            samples: samples.map_or(0, |s| s.0),
+        })
+    }
+
+    /// Samples in the file.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// The file read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `t` as the dtype of `kind`, or why it cannot be.
+fn convert(t: &Tensor, kind: Kind) -> std::result::Result<Tensor, String> {
+    let msg = |e: candle_core::Error| e.to_string();
+    match kind {
+        Kind::Real => match t.dtype() {
+            DType::F32 => Ok(t.clone()),
+            DType::F16 | DType::BF16 | DType::F64 => t.to_dtype(DType::F32).map_err(msg),
+            other => Err(format!("dtype {other:?}, expected real numbers (f32)")),
+        },
+        Kind::Index(bound) => {
+            if !matches!(
+                t.dtype(),
+                DType::U8 | DType::U32 | DType::I64 | DType::I32 | DType::I16
+            ) {
+                return Err(format!(
+                    "dtype {:?}, expected integer ids below {bound} (u32 or i64)",
+                    t.dtype()
+                ));
+            }
+            let values = t
+                .flatten_all()
+                .and_then(|f| f.to_dtype(DType::I64))
+                .map_err(msg)?;
+            let values: Vec<i64> = values.to_vec1().map_err(msg)?;
+            if let Some((i, v)) = values
+                .iter()
+                .enumerate()
+                .find(|(_, &v)| v < 0 || v >= bound as i64)
+            {
+                return Err(format!(
+                    "value {v} at flat index {i} is not an id below {bound}"
+                ));
+            }
+            let ids: Vec<u32> = values.into_iter().map(|v| v as u32).collect();
+            Tensor::from_vec(ids, t.shape(), &Device::Cpu).map_err(msg)
+        }
+    }
+}
+
+impl DataSource for TensorFile {
+    fn batch(&self, step: u64, batch: usize, device: &Device) -> candle_core::Result<Batch> {
+        let n = self.samples as u64;
+        let first = step.wrapping_mul(batch as u64) % n;
+        let rows: Vec<u32> = (0..batch as u64)
+            .map(|i| ((first + i) % n) as u32)
+            .collect();
+        let rows = Tensor::from_vec(rows, batch, &Device::Cpu)?;
+        let mut b = Batch::default();
+        for (&name, t) in &self.tensors {
+            b.tensors
+                .insert(name, t.index_select(&rows, 0)?.to_device(device)?);
+        }
+        Ok(b)
+    }
+
+    fn fields(&self) -> Vec<Field> {
+        self.fields.clone()
+    }
+}
+
+/// The batches `data` gives at data positions `0..steps`, `batch` samples each, one after the
+/// other in the format [`TensorFile::load`] reads, written to `path`: training on the file for
+/// `steps` steps of `batch` sees exactly the batches training on `data` would.
+pub fn write_batches(
+    data: &dyn DataSource,
+    steps: u64,
+    batch: usize,
+    path: &Path,
+) -> Result<(), EngineError> {
+    let err = |e: candle_core::Error| EngineError::Data {
+        file: path.to_path_buf(),
+        field: "(file)".into(),
+        message: e.to_string(),
+    };
+    let batches = (0..steps.max(1))
+        .map(|s| data.batch(s, batch, &Device::Cpu))
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(err)?;
+    let mut tensors = std::collections::HashMap::new();
+    for f in data.fields() {
+        let parts: Vec<&Tensor> = batches.iter().map(|b| &b.tensors[f.name]).collect();
+        tensors.insert(f.name, Tensor::cat(&parts, 0).map_err(err)?);
+    }
+    candle_core::safetensors::save(&tensors, path).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models;
+
+    fn dir(test: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mosaic-data-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn same(a: &Batch, b: &Batch) -> bool {
+        a.tensors.keys().eq(b.tensors.keys())
+            && a.tensors.iter().all(|(k, t)| {
+                let (x, y) = (
+                    t.to_dtype(DType::F32).unwrap(),
+                    b.tensors[k].to_dtype(DType::F32).unwrap(),
+                );
+                x.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                    == y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            })
+    }
+
+    #[test]
+    fn a_written_file_replays_the_batches_then_cycles() {
+        let model = models::build("omni-tiny", 3, &Device::Cpu).unwrap();
+        let path = dir("cycle").join("d.safetensors");
+        write_batches(&*model.data, 3, 4, &path).unwrap();
+        let file = TensorFile::load(&path, &model.data.fields()).unwrap();
+        assert_eq!(file.samples(), 12);
+        let cpu = &Device::Cpu;
+        for step in 0..3 {
+            let (a, b) = (
+                file.batch(step, 4, cpu).unwrap(),
+                model.data.batch(step, 4, cpu).unwrap(),
+            );
+            assert!(same(&a, &b), "step {step}");
+        }
+        let wrapped = file.batch(3, 4, cpu).unwrap();
+        assert!(same(&wrapped, &model.data.batch(0, 4, cpu).unwrap()));
+        assert!(!same(&wrapped, &model.data.batch(1, 4, cpu).unwrap()));
+    }
+
+    #[test]
+    fn bad_files_name_the_tensor() {
+        let model = models::build("clip-tiny", 3, &Device::Cpu).unwrap();
+        let fields = model.data.fields();
+        let d = dir("bad");
+        let dev = Device::Cpu;
+        let image = Tensor::zeros((4, 16, 16), DType::F32, &dev).unwrap();
+        let text = Tensor::zeros((4, 6), DType::U32, &dev).unwrap();
+        // (file name, its tensors, the error expected)
+        type Case<'a> = (&'a str, Vec<(&'a str, Tensor)>, &'a str);
+        let cases: Vec<Case> = vec![
+            (
+                "missing",
+                vec![("image", image.clone())],
+                "field `text`: missing",
+            ),
+            (
+                "shape",
+                vec![
+                    ("image", image.clone()),
+                    ("text", Tensor::zeros((4, 7), DType::U32, &dev).unwrap()),
+                ],
+                "field `text`: shape [4, 7], expected [N, 6]",
+            ),
+            (
+                "count",
+                vec![
+                    ("image", image.clone()),
+                    ("text", Tensor::zeros((3, 6), DType::U32, &dev).unwrap()),
+                ],
+                "field `text`: 3 samples, but `image` has 4",
+            ),
+            (
+                "range",
+                vec![
+                    ("image", image.clone()),
+                    ("text", (text.clone() + 64.0).unwrap()),
+                ],
+                "field `text`: value 64 at flat index 0 is not an id below 64",
+            ),
+            (
+                "dtype",
+                vec![
+                    ("image", image.to_dtype(DType::U32).unwrap()),
+                    ("text", text.clone()),
+                ],
+                "field `image`: dtype U32, expected real numbers",
+            ),
+            (
+                "extra",
+                vec![
+                    ("image", image.clone()),
+                    ("text", text.clone()),
+                    ("audio", image.clone()),
+                ],
+                "field `audio`: not an input of the model",
+            ),
+        ];
+        for (name, tensors, want) in cases {
+            let path = d.join(format!("{name}.safetensors"));
+            let map: std::collections::HashMap<String, Tensor> = tensors
+                .into_iter()
+                .map(|(k, t)| (k.to_string(), t))
+                .collect();
+            candle_core::safetensors::save(&map, &path).unwrap();
+            let e = TensorFile::load(&path, &fields).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{name}.safetensors: {want}")),
+                "{name}: {e}"
+            );
+            assert!(
+                TensorFile::load(&path, &fields).unwrap_err().is_bad_input(),
+                "{name}"
+            );
+        }
+        std::fs::write(d.join("junk.safetensors"), b"not a tensor file").unwrap();
+        let e = TensorFile::load(&d.join("junk.safetensors"), &fields).unwrap_err();
+        assert!(
+            e.to_string().contains("junk.safetensors: field `(file)`"),
+            "{e}"
+        );
+    }
+}

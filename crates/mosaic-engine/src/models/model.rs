@@ -1,0 +1,266 @@
+//! What the engine trains: a DAG of modules, each a separately placed unit with its own
+//! parameters, fed by a [`DataSource`].
+//!
+//! A module reads named data tensors and the outputs of earlier modules, and produces either
+//! an activation (per sample, rows = samples) for later modules or its replica's share of the
+//! loss. The engine, not the module, moves tensors across module boundaries: see
+//! [`crate::runtime::trainer`] for how activations and gradients cross them.
+
+use std::ops::Range;
+
+use candle_core::{Result, Tensor, Var};
+
+use super::data::DataSource;
+use super::nn::Params;
+
+/// Where a module input comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A tensor of the batch, by name (e.g. `image`).
+    Data(&'static str),
+    /// The output of another module, by index in [`Model::modules`].
+    Module(usize),
+}
+
+/// How a module's data-parallel replicas see the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coupling {
+    /// Samples are independent: replica `k` gets only the rows of its shard.
+    Sharded,
+    /// The module couples samples (a contrastive loss compares every pair in the batch):
+    /// every replica gets the whole batch of its inputs, as CLIP training all-gathers features,
+    /// and computes only its shard's terms of the loss.
+    Gathered,
+}
+
+/// What a module produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// A per-sample activation `[rows, ...]` consumed by later modules.
+    Activation,
+    /// A scalar: the replica's share of the batch loss (the shares add up to the loss, which
+    /// is a mean over the whole batch).
+    Loss,
+}
+
+/// The part of the batch one data-parallel replica owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// Replica index, `0..count`.
+    pub index: usize,
+    /// The module's data-parallel degree.
+    pub count: usize,
+    /// The rows (samples) of the batch this replica owns.
+    pub rows: Range<usize>,
+    /// Samples in the whole batch (losses are means over it).
+    pub batch: usize,
+}
+
+/// Splits `batch` samples into `count` contiguous shards, the first `batch % count` one larger.
+pub fn shards(batch: usize, count: usize) -> Vec<Shard> {
+    let (base, extra) = (batch / count, batch % count);
+    let mut start = 0;
+    (0..count)
+        .map(|index| {
+            let len = base + usize::from(index < extra);
+            let rows = start..start + len;
+            start += len;
+            Shard {
+                index,
+                count,
+                rows,
+                batch,
+            }
+        })
+        .collect()
+}
+
+/// A module's computation. Implementations hold the tensors of their [`Params`] (the same
+/// storage as the optimizer's variables) and must use only ops with a backward pass
+/// (see [`super::nn`]).
+pub trait Net: Send + Sync {
+    /// The replica's forward pass. `inputs` follow [`Module::inputs`]: the shard's rows for a
+    /// [`Coupling::Sharded`] module, the whole batch for a [`Coupling::Gathered`] one.
+    fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor>;
+}
+
+/// A separately placed unit of a model: its inputs, its parameters and its computation.
+pub struct Module {
+    /// The name plans use.
+    pub name: &'static str,
+    /// What it reads, in the order [`Net::forward`] receives them.
+    pub inputs: Vec<Input>,
+    /// How its replicas see the batch.
+    pub coupling: Coupling,
+    /// What it produces.
+    pub output: Output,
+    /// Its trainable parameters (one copy per process; in-process replicas share it).
+    pub params: Params,
+    /// Its computation.
+    pub net: Box<dyn Net>,
+}
+
+impl Module {
+    /// A replica's inputs cut from the whole batch's `wholes` (in [`Module::inputs`] order):
+    /// its shard's rows for a sharded module, everything for a gathered one. Inputs from other
+    /// modules become fresh leaf variables (returned beside, `None` for data inputs), so that
+    /// backward stops at the module boundary and yields ∂loss/∂input there.
+    pub(crate) fn replica_inputs(
+        &self,
+        wholes: impl IntoIterator<Item = Tensor>,
+        shard: &Shard,
+    ) -> Result<(Vec<Tensor>, Vec<Option<Var>>)> {
+        let mut xs = Vec::with_capacity(self.inputs.len());
+        let mut vars = Vec::with_capacity(self.inputs.len());
+        for (input, whole) in self.inputs.iter().zip(wholes) {
+            let x = match self.coupling {
+                Coupling::Sharded => whole.narrow(0, shard.rows.start, shard.rows.len())?,
+                Coupling::Gathered => whole,
+            };
+            match input {
+                Input::Module(_) => {
+                    let v = Var::from_tensor(&x)?;
+                    xs.push(v.as_tensor().clone());
+                    vars.push(Some(v));
+                }
+                Input::Data(_) => {
+                    xs.push(x);
+                    vars.push(None);
+                }
+            }
+        }
+        Ok((xs, vars))
+    }
+
+    /// Back-propagates a replica's output `out` (of the batch's `rows`): from the loss share
+    /// itself for the loss module, else from `Σ out ⊙ g` with `g` the rows of `out_grad`, the
+    /// whole batch's ∂loss/∂output, whose gradient is exactly `g`. Returns ∂loss/∂parameter
+    /// for every parameter and ∂loss/∂input at each of the replica's `inputs` variables (zeros
+    /// where the graph does not reach one).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn replica_backward(
+        &self,
+        out: &Tensor,
+        out_grad: Option<&Tensor>,
+        rows: &Range<usize>,
+        inputs: &[Option<Var>],
+    ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>)> {
+        let grads = match self.output {
+            Output::Loss => out.backward()?,
+            Output::Activation => {
+                let g = out_grad
+                    .expect("an activation module has a gradient for its output")
+                    .narrow(0, rows.start, rows.len())?;
+                out.mul(&g)?.sum_all()?.backward()?
+            }
+        };
+        let read = |v: &Var| match grads.get(v.as_tensor()) {
+            Some(g) => Ok(g.clone()),
+            None => v.as_tensor().zeros_like(),
+        };
+        let params = (self.params.iter())
+            .map(|(_, v)| read(v))
+            .collect::<Result<Vec<_>>>()?;
+        let inputs = (inputs.iter())
+            .map(|v| v.as_ref().map(read).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        Ok((params, inputs))
+    }
+}
+
+/// A multimodal model the engine can train: modules in topological order and its data.
+pub struct Model {
+    /// Its name (`clip-tiny`, `omni-tiny`).
+    pub name: &'static str,
+    /// One line on what it is.
+    pub description: &'static str,
+    /// The seed its parameters and data were drawn from.
+    pub seed: u64,
+    /// Modules; every input of a module refers to an earlier one.
+    pub modules: Vec<Module>,
+    /// The data it trains on.
+    pub data: Box<dyn DataSource>,
+}
+
+impl Model {
+    /// The index of the module called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.modules.iter().position(|m| m.name == name)
+    }
+
+    /// Module names, comma-separated (for error messages).
+    pub fn module_names(&self) -> String {
+        self.modules
+            .iter()
+            .map(|m| m.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The modules `m` reads from.
+    pub fn producers(&self, m: usize) -> impl Iterator<Item = usize> + '_ {
+        self.modules[m].inputs.iter().filter_map(|i| match i {
+            Input::Module(p) => Some(*p),
+            Input::Data(_) => None,
+        })
+    }
+
+    /// Scalar parameters over all modules.
+    pub fn param_count(&self) -> usize {
+        self.modules.iter().map(|m| m.params.count()).sum()
+    }
+
+    /// Checks the invariants the trainer relies on: producers come earlier, exactly one
+    /// module (the last) produces the loss, every other module's output is consumed, and only
+    /// the loss module may be gathered.
+    pub(crate) fn check(&self) {
+        let n = self.modules.len();
+        for (i, m) in self.modules.iter().enumerate() {
+            for p in self.producers(i) {
+                assert!(
+                    p < i,
+                    "{}: module {} reads a later module",
+                    self.name,
+                    m.name
+                );
+            }
+            let is_last = i + 1 == n;
+            assert_eq!(
+                m.output == Output::Loss,
+                is_last,
+                "{}: the last module, and only it, produces the loss",
+                self.name
+            );
+            assert!(
+                m.coupling == Coupling::Sharded || m.output == Output::Loss,
+                "{}: only the loss module may be gathered",
+                self.name
+            );
+            if !is_last {
+                assert!(
+                    (0..n).any(|c| self.producers(c).any(|p| p == i)),
+                    "{}: nothing consumes module {}",
+                    self.name,
+                    m.name
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_the_batch() {
+        for (batch, count) in [(16, 1), (16, 2), (16, 3), (5, 5), (7, 4)] {
+            let s = shards(batch, count);
+            assert_eq!(s.len(), count);
+            assert_eq!(s[0].rows.start, 0);
+            assert_eq!(s[count - 1].rows.end, batch);
+            assert!(s.windows(2).all(|w| w[0].rows.end == w[1].rows.start));
+            assert!(s.iter().all(|x| !x.rows.is_empty()));
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Layers written from composed candle ops, so that every parameter receives a gradient.
+//!
+//! candle 0.11's fused `ops::layer_norm`, `ops::rms_norm`, `ops::softmax_last_dim`, the rotary
+//! kernels and the `LayerNorm`/`RmsNorm` layers have no backward pass and silently pass no
+//! gradient (candle issues #2168 and #3011; `docs/reference.md`, "Engine stack facts"). The
+//! layers here use only ops with a backward pass: matmul, broadcast arithmetic, reductions,
+//! `exp`, `log`, `sqrt`, `gelu`, `index_select`, and the generic `candle_nn::ops::softmax`
+//! (itself composed of `max`, `exp`, `sum` and a division). `tests/engine.rs` checks that every
+//! parameter of every module gets a non-zero gradient.
+
+use candle_core::{DType, Device, Result, Tensor, Var, D};
+
+use mosaic_kit::rng::SplitMix64;
+
+/// A module's trainable parameters, in creation order (the order of checkpoints and of the
+/// optimizer state).
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    vars: Vec<(String, Var)>,
+}
+
+impl Params {
+    /// `(name, variable)` pairs in creation order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Var)> {
+        self.vars.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    /// Number of parameter tensors.
+    pub fn len(&self) -> usize {
+        self.vars.len()
+    }
+
+    /// True when the module has no parameters.
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty()
+    }
+
+    /// Number of scalar parameters.
+    pub fn count(&self) -> usize {
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+}
+
+/// Creates a module's parameters from its own random stream, recording them in [`Params`]
+/// and handing the layers the tensors they compute with (the same storage: an optimizer step
+/// on the `Var` is seen by the layer).
+pub struct ParamBuilder {
+    device: Device,
+    rng: SplitMix64,
+    prefix: Vec<String>,
+    params: Params,
+}
+
+impl ParamBuilder {
+    /// A builder drawing from `rng` and placing parameters on `device`.
+    pub fn new(rng: SplitMix64, device: &Device) -> ParamBuilder {
+        ParamBuilder {
+            device: device.clone(),
+            rng,
+            prefix: Vec::new(),
+            params: Params::default(),
+        }
+    }
+
+    /// Runs `f` with `name` appended to the parameter-name prefix (`blocks.0.attn.qkv.weight`).
+    pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut ParamBuilder) -> T) -> T {
+        self.prefix.push(name.to_string());
+        let out = f(self);
+        self.prefix.pop();
+        out
+    }
+
+    fn add(&mut self, name: &str, values: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+        let full = self
+            .prefix
+            .iter()
+            .map(String::as_str)
+            .chain([name])
+            .collect::<Vec<_>>()
+            .join(".");
+        let var = Var::from_tensor(&Tensor::from_vec(values, shape, &self.device)?)?;
+        let t = var.as_tensor().clone();
+        self.params.vars.push((full, var));
+        Ok(t)
+    }
+
+    /// A parameter drawn from N(0, std²).
+    pub fn normal(&mut self, name: &str, shape: &[usize], std: f64) -> Result<Tensor> {
+        let n = shape.iter().product();
+        let values = self.rng.normals(n, std);
+        self.add(name, values, shape)
+    }
+
+    /// A parameter filled with `value`.
+    pub fn constant(&mut self, name: &str, shape: &[usize], value: f32) -> Result<Tensor> {
+        let n = shape.iter().product();
+        self.add(name, vec![value; n], shape)
+    }
+
+    /// The parameters created so far.
+    pub fn finish(self) -> Params {
+        self.params
+    }
+}
+
+/// `y = x Wᵀ + b` over the last dimension of a tensor of any rank.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Linear {
+    /// A layer from `inputs` to `outputs` features, weights N(0, 1/inputs), bias zero.
+    pub fn new(pb: &mut ParamBuilder, name: &str, inputs: usize, outputs: usize) -> Result<Linear> {
+        pb.scope(name, |pb| {
+            Ok(Linear {
+                weight: pb.normal("weight", &[outputs, inputs], (inputs as f64).powf(-0.5))?,
+                bias: pb.constant("bias", &[outputs], 0.0)?,
+            })
+        })
+    }
+
+    /// Applies the layer.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims();
+        let inputs = dims[dims.len() - 1];
+        let rows = x.elem_count() / inputs;
+        let mut out_shape = dims.to_vec();
+        *out_shape.last_mut().unwrap() = self.weight.dim(0)?;
+        x.reshape((rows, inputs))?
+            .matmul(&self.weight.t()?)?
+            .broadcast_add(&self.bias)?
+            .reshape(out_shape)
+    }
+}
+
+/// Layer normalisation over the last dimension, from means and variances (candle's
+/// `layer_norm_slow`), not the fused kernel that has no backward pass.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    gamma: Tensor,
+    beta: Tensor,
+}
+
+impl LayerNorm {
+    /// Normalises `dim` features; γ = 1, β = 0.
+    pub fn new(pb: &mut ParamBuilder, name: &str, dim: usize) -> Result<LayerNorm> {
+        pb.scope(name, |pb| {
+            Ok(LayerNorm {
+                gamma: pb.constant("gamma", &[dim], 1.0)?,
+                beta: pb.constant("beta", &[dim], 0.0)?,
+            })
+        })
+    }
+
+    /// Applies the normalisation.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        centred
+            .broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_mul(&self.gamma)?
+            .broadcast_add(&self.beta)
+    }
+}
+
+/// `log softmax` over the last dimension, composed (the maximum is taken out of the graph:
+/// it cancels in the value and its gradient).
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&log_sum)
+}
+
+/// Multi-head self-attention with one fused QKV projection.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    qkv: Linear,
+    out: Linear,
+    heads: usize,
+    causal: bool,
+}
+
+impl Attention {
+    /// `heads` heads over `dim` features; `causal` masks attention to later positions.
+    pub fn new(
+        pb: &mut ParamBuilder,
+        name: &str,
+        dim: usize,
+        heads: usize,
+        causal: bool,
+    ) -> Result<Attention> {
+        assert!(
+            dim.is_multiple_of(heads),
+            "{dim} features do not split into {heads} heads"
+        );
+        pb.scope(name, |pb| {
+            Ok(Attention {
+                qkv: Linear::new(pb, "qkv", dim, 3 * dim)?,
+                out: Linear::new(pb, "out", dim, dim)?,
+                heads,
+                causal,
+            })
+        })
+    }
+
+    /// `x`: `[batch, tokens, dim]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, dim) = x.dims3()?;
+        let hd = dim / self.heads;
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((b, t, 3, self.heads, hd))?
+            .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
+        let q = qkv.get(0)?.contiguous()?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        let mut scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
+        if self.causal {
+            let mask: Vec<f32> = (0..t)
+                .flat_map(|i| (0..t).map(move |j| if j > i { -1e9 } else { 0.0 }))
+                .collect();
+            let mask = Tensor::from_vec(mask, (t, t), x.device())?;
+            scores = scores.broadcast_add(&mask)?;
+        }
+        // The generic softmax: composed ops, so it has a backward pass (softmax_last_dim has not).
+        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let y = weights
+            .matmul(&v)? // [b, heads, t, hd]
+            .transpose(1, 2)?
+            .reshape((b, t, dim))?;
+        self.out.forward(&y)
+    }
+}
+
+/// A pre-norm transformer block: `x + attn(ln(x))`, then `x + mlp(ln(x))` with a GELU MLP.
+#[derive(Debug, Clone)]
+pub struct Block {
+    ln1: LayerNorm,
+    attn: Attention,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// The shape of a transformer stack.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockDims {
+    /// Model width.
+    pub dim: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// MLP hidden width.
+    pub mlp: usize,
+    /// Blocks.
+    pub layers: usize,
+}
+
+impl Block {
+    /// One block of `dims`.
+    pub fn new(pb: &mut ParamBuilder, name: &str, dims: BlockDims, causal: bool) -> Result<Block> {
+        pb.scope(name, |pb| {
+            Ok(Block {
+                ln1: LayerNorm::new(pb, "ln1", dims.dim)?,
+                attn: Attention::new(pb, "attn", dims.dim, dims.heads, causal)?,
+                ln2: LayerNorm::new(pb, "ln2", dims.dim)?,
+                fc1: Linear::new(pb, "fc1", dims.dim, dims.mlp)?,
+                fc2: Linear::new(pb, "fc2", dims.mlp, dims.dim)?,
+            })
+        })
+    }
+
+    /// `dims.layers` blocks named `blocks.0`, `blocks.1`, ….
+    pub fn stack(pb: &mut ParamBuilder, dims: BlockDims, causal: bool) -> Result<Vec<Block>> {
+        pb.scope("blocks", |pb| {
+            (0..dims.layers)
+                .map(|i| Block::new(pb, &i.to_string(), dims, causal))
+                .collect()
+        })
+    }
+
+    /// `x`: `[batch, tokens, dim]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attn.forward(&self.ln1.forward(x)?)?)?;
+        let h = self.fc1.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        &x + self.fc2.forward(&h)?
+    }
+}
+
+/// Runs a stack of blocks.
+pub fn run_blocks(blocks: &[Block], mut x: Tensor) -> Result<Tensor> {
+    for b in blocks {
+        x = b.forward(&x)?;
+    }
+    Ok(x)
+}
+
+/// A one-hot `[rows, classes]` f32 matrix of `labels`.
+pub fn one_hot(labels: &[u32], classes: usize, device: &Device) -> Result<Tensor> {
+    let mut v = vec![0f32; labels.len() * classes];
+    for (i, &l) in labels.iter().enumerate() {
+        v[i * classes + l as usize] = 1.0;
+    }
+    Tensor::from_vec(v, (labels.len(), classes), device)
+}
+
+/// Scalars of a rank-0 or rank-1 f32 tensor (for tests and logs).
+pub fn to_f32s(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+}

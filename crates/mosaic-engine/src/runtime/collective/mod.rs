@@ -1,0 +1,119 @@
+//! Collectives among the processes (ranks) of a data-parallel run.
+//!
+//! A module with `dp = d` has `d` replicas; replica `k` runs on the rank its plan GPU maps to
+//! (see [`crate::Schedule::ranks`]) with shard `k` of the batch. Replicas on the same rank
+//! share one copy of the module's parameters, and the trainer sums their tensors itself, in
+//! replica order; what crosses ranks goes through a [`Collective`]:
+//! - **gradients**, summed over the ranks holding the module's replicas, on a communication
+//!   group created once per module before the first step and reused at every step (§4);
+//! - **boundary redistribution**: a module's output rows, and the gradients flowing back to
+//!   it, gathered from the ranks that computed them to every rank, so that a consumer placed
+//!   with another `dp` on other ranks can cut its own shards.
+//!
+//! [`InProcess`] is the one-rank case (every call is the identity); `Mpi` (feature `mpi`) runs
+//! the ranks as processes started by `mpirun`; `Nccl` (features `mpi` and `cuda`) wraps an
+//! `Mpi` and sums gradients with NCCL on each rank's GPU (compile-checked only: the compute is
+//! on the CPU, so it moves host gradients through the GPU).
+//!
+//! Gradient semantics: each replica computes the gradient of *its share* of the batch loss
+//! (the loss is a mean over the whole batch, and a replica's share is the sum of its samples'
+//! terms divided by the whole batch size), so the sum over replicas is the gradient of the
+//! batch loss. That is the same as data-parallel training's "average the gradients of each
+//! replica's mean loss" (a replica's mean loss is `d ×` its share), without the scaling back
+//! and forth, and it keeps the gradient that crosses a module boundary the true ∂loss/∂x.
+
+pub(crate) mod buffers;
+#[cfg(feature = "mpi")]
+mod mpi;
+
+#[cfg(feature = "mpi")]
+pub use self::mpi::Mpi;
+
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+mod nccl;
+
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+pub use self::nccl::Nccl;
+
+use crate::error::EngineError;
+
+/// How the ranks of a run exchange data. Every rank calls [`Collective::all_gather`] and
+/// [`Collective::broadcast`] in the same order, from the trainer's thread;
+/// [`Collective::all_reduce_module`] is called only by the ranks of the module's group, from
+/// the module's slot, possibly at the same time as other modules' calls.
+pub trait Collective: Send + Sync {
+    /// A short name for logs (`in-process`, `mpi`, `nccl`).
+    fn name(&self) -> &'static str;
+
+    /// This process's rank, `0..world()`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world(&self) -> usize;
+
+    /// Creates one communication group per module: `groups[m]` lists, ascending, the ranks
+    /// holding replicas of module `m`. Called once, by every rank, before the first step.
+    fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError>;
+
+    /// Sums `buf` element-wise over the ranks of module `module`'s group; each of them
+    /// receives the sum in `buf`.
+    fn all_reduce_module(&self, module: usize, buf: &mut [f32]) -> Result<(), EngineError>;
+
+    /// Every rank contributes `local` (lengths may differ) and receives every rank's
+    /// contribution, in rank order.
+    fn all_gather(&self, local: &[f32]) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Every rank receives rank `root`'s `buf` in its own `buf` (of the same length).
+    fn broadcast(&self, root: usize, buf: &mut [f32]) -> Result<(), EngineError>;
+}
+
+/// One rank holding every replica: nothing crosses a process, every call is the identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InProcess;
+
+impl Collective for InProcess {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world(&self) -> usize {
+        1
+    }
+
+    fn create_groups(&mut self, _groups: &[Vec<usize>]) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn all_reduce_module(&self, _module: usize, _buf: &mut [f32]) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn all_gather(&self, local: &[f32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        Ok(vec![local.to_vec()])
+    }
+
+    fn broadcast(&self, _root: usize, _buf: &mut [f32]) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_rank_is_the_identity() {
+        let mut c = InProcess;
+        c.create_groups(&[vec![0]]).unwrap();
+        let mut buf = [1.0, 2.0];
+        c.all_reduce_module(0, &mut buf).unwrap();
+        c.broadcast(0, &mut buf).unwrap();
+        assert_eq!(buf, [1.0, 2.0]);
+        assert_eq!(c.all_gather(&buf).unwrap(), vec![vec![1.0, 2.0]]);
+        assert_eq!((c.rank(), c.world()), (0, 1));
+    }
+}

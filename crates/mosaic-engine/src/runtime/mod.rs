@@ -1,0 +1,10 @@
+//! What runs a plan: the [`schedule`] a plan becomes, the execution [`slot`]s its modules run
+//! in, the [`trainer`] that iterates stage by stage, the [`collective`]s that carry tensors
+//! between processes, the [`optim`]izer, and atomic [`checkpoint`]s.
+
+pub mod checkpoint;
+pub mod collective;
+pub mod optim;
+pub mod schedule;
+pub mod slot;
+pub mod trainer;

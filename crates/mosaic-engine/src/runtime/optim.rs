@@ -1,0 +1,111 @@
+//! AdamW (Loshchilov and Hutter, ICLR 2019), one per module, with state a checkpoint can save.
+//!
+//! candle-nn's `AdamW` keeps its moments private, so a checkpoint could not hold them and a
+//! resumed run would not continue as if never stopped. This is the same update as candle-nn's
+//! (decoupled weight decay `θ ← θ(1 − lr·λ)`, bias-corrected moments), with the moments and the
+//! step count exposed.
+
+use std::sync::Mutex;
+
+use candle_core::{Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+use crate::models::nn::Params;
+use crate::models::Model;
+
+/// AdamW hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator guard.
+    pub eps: f64,
+    /// Decoupled weight decay λ.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    /// lr 3e-3 (the toy models learn in tens of steps), the usual betas and ε, λ = 0.01
+    /// (candle-nn's and PyTorch's default).
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// The optimizer of one module: a first and second moment per parameter tensor.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    /// Hyperparameters.
+    pub config: AdamWConfig,
+    /// Steps taken.
+    pub t: u64,
+    /// First moments, in [`Params`] order.
+    pub m: Vec<Tensor>,
+    /// Second moments, in [`Params`] order.
+    pub v: Vec<Tensor>,
+}
+
+impl AdamW {
+    /// Zero moments for `params`.
+    pub fn new(params: &Params, config: AdamWConfig) -> Result<AdamW> {
+        let zeros = || {
+            params
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect::<Result<Vec<_>>>()
+        };
+        Ok(AdamW {
+            config,
+            t: 0,
+            m: zeros()?,
+            v: zeros()?,
+        })
+    }
+
+    /// One update of `params` with `grads` (in [`Params`] order).
+    pub fn step(&mut self, params: &Params, grads: &[Tensor]) -> Result<()> {
+        let c = self.config;
+        self.t += 1;
+        let bias1 = 1.0 - c.beta1.powi(self.t as i32);
+        let bias2 = 1.0 - c.beta2.powi(self.t as i32);
+        for (i, ((_, var), g)) in params.iter().zip(grads).enumerate() {
+            let m = ((&self.m[i] * c.beta1)? + (g * (1.0 - c.beta1))?)?;
+            let v = ((&self.v[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+            let m_hat = (&m / bias1)?;
+            let v_hat = (&v / bias2)?;
+            let theta = var.as_detached_tensor();
+            let decayed = (theta * (1.0 - c.lr * c.weight_decay))?;
+            let update = (m_hat / (v_hat.sqrt()? + c.eps)?)?;
+            var.set(&(decayed - (update * c.lr)?)?)?;
+            self.m[i] = m;
+            self.v[i] = v;
+        }
+        Ok(())
+    }
+
+    /// A zeroed optimizer of `config` for every module of `model`, in model order, each behind
+    /// its own lock (a module's job steps its own).
+    pub(crate) fn per_module(
+        model: &Model,
+        config: AdamWConfig,
+    ) -> std::result::Result<Vec<Mutex<AdamW>>, EngineError> {
+        (model.modules.iter())
+            .map(|m| {
+                AdamW::new(&m.params, config)
+                    .map(Mutex::new)
+                    .map_err(EngineError::tensor(m.name))
+            })
+            .collect()
+    }
+}

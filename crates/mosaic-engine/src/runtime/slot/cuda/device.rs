@@ -1,0 +1,296 @@
+//! A GPU opened for green-context slots, how a stage's slots are cut from its SMs
+//! ([`GpuDevice::create_stage`]), and scratch memory on it.
+
+use std::ffi::{c_char, CStr};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{
+    self, CUcontext, CUdevResource, CUdevResourceType, CUdevice, CUdevice_attribute, CUdeviceptr,
+};
+
+use super::driver::{check, driver, sm_count, DeviceInner, GreenCtx};
+use super::green::GpuSlot;
+use super::partition::{partition_sms, SmGranularity};
+use crate::error::EngineError;
+
+/// A GPU ready for green-context slots: its SMs, compute capability and primary context
+/// (retained while the device or any of its slots lives: green contexts are created from it,
+/// and keeping it alive spares every creation its initialisation). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct GpuDevice {
+    inner: Arc<DeviceInner>,
+}
+
+/// The name and compute capability (major, minor) of device `dev`; `at` names the call in
+/// errors.
+fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<(String, i32, i32), EngineError> {
+    // SAFETY (all calls below): the driver is loaded and initialised, every out pointer points
+    // at a live local.
+    let attribute = |a: CUdevice_attribute, what: &str| -> Result<i32, EngineError> {
+        let mut v = 0;
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }, || {
+            at(&format!("cuDeviceGetAttribute({what})"))
+        })?;
+        Ok(v)
+    };
+    let major = attribute(
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        "compute capability major",
+    )?;
+    let minor = attribute(
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        "compute capability minor",
+    )?;
+    let mut name = [0 as c_char; 256];
+    check(
+        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) },
+        || at("cuDeviceGetName"),
+    )?;
+    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Ok((name, major, minor))
+}
+
+impl GpuDevice {
+    /// Opens CUDA device `ordinal`: checks the driver ([`super::driver_unavailable`]), reads the
+    /// device's name, SMs and compute capability, and retains its primary context.
+    pub fn open(ordinal: usize) -> Result<GpuDevice, EngineError> {
+        let at = |what: &str| format!("{what} (device {ordinal})");
+        driver().as_ref().map_err(|why| EngineError::Cuda {
+            what: at("loading the driver"),
+            message: why.clone(),
+        })?;
+        let mut dev: CUdevice = 0;
+        // SAFETY (all calls below): the driver is loaded and initialised, every out pointer
+        // points at a live local.
+        check(
+            unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
+            || at("cuDeviceGet"),
+        )?;
+        let (name, major, minor) = identify(dev, &at)?;
+        if major < 6 {
+            return Err(EngineError::Cuda {
+                what: at("green contexts"),
+                message: format!(
+                    "{name} has compute capability {major}.{minor}; green contexts need 6.0 \
+                     or later"
+                ),
+            });
+        }
+        let mut whole: CUdevResource = unsafe { std::mem::zeroed() };
+        check(
+            unsafe {
+                sys::cuDeviceGetDevResource(
+                    dev,
+                    &mut whole,
+                    CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+                )
+            },
+            || at("cuDeviceGetDevResource(SM)"),
+        )?;
+        let mut primary: CUcontext = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut primary, dev) },
+            || at("cuDevicePrimaryCtxRetain"),
+        )?;
+        Ok(GpuDevice {
+            inner: Arc::new(DeviceInner {
+                ordinal,
+                dev,
+                name,
+                sms: sm_count(&whole),
+                compute_capability: (major, minor),
+                primary,
+                whole,
+            }),
+        })
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The device's name (e.g. `NVIDIA H100 80GB HBM3`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The device's SMs (as its SM resource reports them).
+    pub fn sms(&self) -> u32 {
+        self.inner.sms
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.inner.compute_capability
+    }
+
+    /// The partition sizes this device allows, by its compute capability.
+    pub fn granularity(&self) -> SmGranularity {
+        SmGranularity::for_compute_capability(self.inner.compute_capability.0)
+    }
+
+    /// SMs each module of a stage would ask for, by [`partition_sms`] on this device.
+    pub fn stage_sms(&self, quotas: &[f64]) -> Result<Vec<u32>, EngineError> {
+        partition_sms(quotas, self.sms(), self.sms(), self.granularity()).map_err(|message| {
+            EngineError::Cuda {
+                what: format!(
+                    "partitioning device {} ({}) for quotas {quotas:?}",
+                    self.ordinal(),
+                    self.name()
+                ),
+                message,
+            }
+        })
+    }
+
+    /// The slots of one stage, `(module, quota)` each, on disjoint SMs: a green context and a
+    /// stream per module.
+    ///
+    /// [`partition_sms`] first takes SMs back from the modules rounded up the most until the
+    /// stage fits the device, then the stage's SMs are split off one module at a time with
+    /// `cuDevSmResourceSplitByCount`. The driver neither splits a split's output again nor
+    /// (CUDA 12.4) merges several into one descriptor, so what is left after each module
+    /// becomes a green context of its own, whose SM resource is split for the next module;
+    /// these scaffolding contexts (one fewer than the stage's modules, never given work) live
+    /// as long as the stage's slots. Slots of different stages may share SMs: stages do not
+    /// overlap in time. [`GpuSlot::sms`] reports what the driver granted, read back from the
+    /// slot's context.
+    pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
+        let quotas: Vec<f64> = modules.iter().map(|m| m.1).collect();
+        let sms = self.stage_sms(&quotas)?;
+        let device = &self.inner;
+        let mut input = device.whole;
+        let mut scaffold = Vec::new();
+        let mut parts = Vec::with_capacity(sms.len());
+        for (i, (&(module, _), &n)) in modules.iter().zip(&sms).enumerate() {
+            let left = sm_count(&input);
+            let at = |what: &str| {
+                format!(
+                    "{what} taking {n} of {left} SMs for module \"{module}\" (device {})",
+                    device.ordinal
+                )
+            };
+            let mut part: CUdevResource = unsafe { std::mem::zeroed() };
+            let mut rest: CUdevResource = unsafe { std::mem::zeroed() };
+            let mut count = 1;
+            // SAFETY: `input` is the device's SM resource or a green context's; out pointers
+            // point at live locals; room for one group.
+            check(
+                unsafe {
+                    sys::cuDevSmResourceSplitByCount(&mut part, &mut count, &input, &mut rest, 0, n)
+                },
+                || at("cuDevSmResourceSplitByCount"),
+            )?;
+            if count != 1 {
+                return Err(EngineError::Cuda {
+                    what: at("cuDevSmResourceSplitByCount"),
+                    message: "the driver made no group of that size".into(),
+                });
+            }
+            parts.push(part);
+            if i + 1 < modules.len() {
+                // The rest cannot be split again as it is; as a green context's resource it can.
+                let rest = GreenCtx::create(device.dev, &rest, &at)?;
+                input = rest.sm_resource(&at)?;
+                scaffold.push(rest);
+            }
+        }
+        let scaffold = Arc::new(scaffold);
+        modules
+            .iter()
+            .zip(&parts)
+            .map(|(&(module, quota), part)| {
+                GpuSlot::create(&self.inner, module, quota, part, scaffold.clone())
+            })
+            .collect()
+    }
+
+    /// One slot of `quota` for `module` (a stage of one module).
+    pub fn create_slot(&self, module: &str, quota: f64) -> Result<GpuSlot, EngineError> {
+        Ok(self
+            .create_stage(&[(module, quota)])?
+            .pop()
+            .expect("one module, one slot"))
+    }
+
+    /// Runs `f` with the primary context current on this thread.
+    fn in_primary<T>(&self, f: impl FnOnce() -> Result<T, EngineError>) -> Result<T, EngineError> {
+        // SAFETY: the primary context is retained for the device's life.
+        check(
+            unsafe { sys::cuCtxPushCurrent_v2(self.inner.primary) },
+            || "cuCtxPushCurrent(primary context)".into(),
+        )?;
+        let out = f();
+        let mut prev: CUcontext = std::ptr::null_mut();
+        unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
+        out
+    }
+}
+
+/// A device buffer of 32-bit words in the primary context (green contexts share its memory):
+/// something for a slot's stream to work on.
+pub(crate) struct Scratch<'a> {
+    device: &'a GpuDevice,
+    ptr: CUdeviceptr,
+    words: usize,
+}
+
+impl<'a> Scratch<'a> {
+    /// `words` words (at least one) on `device`, freed when dropped.
+    pub(crate) fn new(device: &'a GpuDevice, words: usize) -> Result<Scratch<'a>, EngineError> {
+        let mut ptr: CUdeviceptr = 0;
+        device.in_primary(|| {
+            // SAFETY: the primary context is current; `ptr` is a live out pointer.
+            check(
+                unsafe { sys::cuMemAlloc_v2(&mut ptr, words.max(1) * 4) },
+                || format!("cuMemAlloc({words} words, primary context)"),
+            )
+        })?;
+        Ok(Scratch {
+            device,
+            ptr,
+            words: words.max(1),
+        })
+    }
+
+    /// Enqueues setting word `word` to `value` on `slot`'s stream (`cuMemsetD32Async`),
+    /// without waiting for it.
+    ///
+    /// # Panics
+    /// If `word` is not a word of the buffer.
+    pub(crate) fn set_async(
+        &self,
+        slot: &GpuSlot,
+        word: usize,
+        value: u32,
+    ) -> Result<(), EngineError> {
+        assert!(
+            word < self.words,
+            "word {word} of a {}-word buffer",
+            self.words
+        );
+        let current = slot.enter()?;
+        // SAFETY: word `word` lies in the buffer (checked above), which outlives the stream's
+        // work (the caller synchronises the stream before dropping the buffer).
+        check(
+            unsafe {
+                sys::cuMemsetD32Async(self.ptr + 4 * word as u64, value, 1, current.stream())
+            },
+            || format!("cuMemsetD32Async(slot of module \"{}\")", slot.module()),
+        )
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let ptr = self.ptr;
+        // SAFETY: allocated in `new`; every stream that used it was synchronised.
+        let _ = self.device.in_primary(|| {
+            unsafe { sys::cuMemFree_v2(ptr) };
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,238 @@
+//! The CUDA driver as green-context slots use it: loading `libcuda` (once, checking every
+//! function called is there), errors named by the driver, and owned green contexts.
+//!
+//! Built on the CUDA driver API through `cudarc::driver::sys` (cudarc has no safe
+//! green-context wrapper). cudarc loads `libcuda` when the first driver function is called and
+//! panics if it is missing, so every entry point first checks [`driver_unavailable`].
+
+use std::ffi::{c_char, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{
+    self, CUcontext, CUdevResource, CUdevResourceDesc, CUdevResourceType, CUdevice, CUgreenCtx,
+    CUgreenCtxCreate_flags, CUresult,
+};
+
+use crate::error::EngineError;
+
+/// Driver functions the slots call; all must be present before any is called (cudarc
+/// panics on a missing symbol). The green-context ones need a driver of CUDA 12.4 or later.
+const REQUIRED: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDeviceGetDevResource",
+    "cuDevSmResourceSplitByCount",
+    "cuDevResourceGenerateDesc",
+    "cuGreenCtxCreate",
+    "cuGreenCtxDestroy",
+    "cuGreenCtxGetDevResource",
+    "cuGreenCtxStreamCreate",
+    "cuCtxFromGreenCtx",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemsetD32Async",
+    "cuMemcpyDtoHAsync_v2",
+    "cuStreamSynchronize",
+    "cuStreamDestroy_v2",
+    "cuGetErrorString",
+];
+
+/// The first driver version with green contexts (12.4).
+const MIN_DRIVER: i32 = 12040;
+
+/// Why green-context slots cannot be used here, or `None` if they can: no CUDA driver library,
+/// a driver older than 12.4 (no green contexts), `cuInit` failing, or no device. Loads and
+/// initialises the driver on first call; never panics.
+pub fn driver_unavailable() -> Option<String> {
+    if let Err(why) = driver() {
+        return Some(why.clone());
+    }
+    let mut count = 0;
+    // SAFETY: the driver is loaded and initialised (checked above); `count` is a valid out
+    // pointer.
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Some(format!("cuDeviceGetCount: {}", describe(r)));
+    }
+    (count == 0).then(|| "the CUDA driver reports no device".to_string())
+}
+
+/// Loads the driver library, checks every function the slots call is in it, and calls
+/// `cuInit` — once per process.
+pub(super) fn driver() -> &'static Result<(), String> {
+    static DRIVER: OnceLock<Result<(), String>> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        // SAFETY: only tries to open the library (dlopen) and drops it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("no CUDA driver library (libcuda.so) found".into());
+        }
+        // SAFETY: `culib` cannot panic now that a candidate library opened; `get` only looks
+        // a symbol up, the pointer is not called.
+        let lib = unsafe { sys::culib() };
+        for name in REQUIRED {
+            if unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err() {
+                return Err(format!(
+                    "the CUDA driver lacks {name} (green contexts need a driver for CUDA 12.4 \
+                     or later)"
+                ));
+            }
+        }
+        // SAFETY: every function called from here on is present (checked above).
+        let r = unsafe { sys::cuInit(0) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(format!("cuInit: {}", describe(r)));
+        }
+        let mut version = 0;
+        let r = unsafe { sys::cuDriverGetVersion(&mut version) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(format!("cuDriverGetVersion: {}", describe(r)));
+        }
+        if version < MIN_DRIVER {
+            return Err(format!(
+                "the CUDA driver is version {}.{}; green contexts need 12.4 or later",
+                version / 1000,
+                version % 1000 / 10
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// `CUDA_ERROR_…: text` for a driver result.
+fn describe(r: CUresult) -> String {
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: only called once the driver is loaded; the driver returns a static string.
+    let ok = unsafe { sys::cuGetErrorString(r, &mut text) } == CUresult::CUDA_SUCCESS;
+    if ok && !text.is_null() {
+        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        format!("{r:?}: {text}")
+    } else {
+        format!("{r:?}")
+    }
+}
+
+/// `Ok` on success, else [`EngineError::Cuda`] naming the call and what it was doing.
+pub(super) fn check(r: CUresult, what: impl FnOnce() -> String) -> Result<(), EngineError> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Cuda {
+            what: what(),
+            message: describe(r),
+        })
+    }
+}
+
+/// The SM count of an SM resource.
+pub(super) fn sm_count(r: &CUdevResource) -> u32 {
+    // SAFETY: only called on resources of type SM, whose union member is `sm`.
+    unsafe { r.__bindgen_anon_1.sm.smCount }
+}
+
+/// An owned green context, destroyed when dropped.
+pub(super) struct GreenCtx(pub(super) CUgreenCtx);
+
+// SAFETY: a driver handle; see `GpuSlot` for how calls on it are serialised.
+unsafe impl Send for GreenCtx {}
+unsafe impl Sync for GreenCtx {}
+
+impl GreenCtx {
+    /// A green context (with a default stream) of `resource` on device `dev`.
+    pub(super) fn create(
+        dev: CUdevice,
+        resource: &CUdevResource,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<GreenCtx, EngineError> {
+        let mut resources = [*resource];
+        let mut desc: CUdevResourceDesc = std::ptr::null_mut();
+        // SAFETY: `resource` is an SM resource of this device (a split result); out pointers
+        // point at live locals.
+        check(
+            unsafe { sys::cuDevResourceGenerateDesc(&mut desc, resources.as_mut_ptr(), 1) },
+            || at("cuDevResourceGenerateDesc"),
+        )?;
+        let mut green: CUgreenCtx = std::ptr::null_mut();
+        check(
+            unsafe {
+                sys::cuGreenCtxCreate(
+                    &mut green,
+                    desc,
+                    dev,
+                    CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+                )
+            },
+            || at("cuGreenCtxCreate"),
+        )?;
+        Ok(GreenCtx(green))
+    }
+
+    /// The SMs it holds, as a resource that can be split.
+    pub(super) fn sm_resource(
+        &self,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<CUdevResource, EngineError> {
+        // SAFETY: a live green context; `r` is a live local.
+        let mut r: CUdevResource = unsafe { std::mem::zeroed() };
+        check(
+            unsafe {
+                sys::cuGreenCtxGetDevResource(
+                    self.0,
+                    &mut r,
+                    CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+                )
+            },
+            || at("cuGreenCtxGetDevResource(SM)"),
+        )?;
+        Ok(r)
+    }
+}
+
+impl Drop for GreenCtx {
+    fn drop(&mut self) {
+        // SAFETY: created by `create`; its streams were destroyed first (see `GpuSlot`).
+        unsafe { sys::cuGreenCtxDestroy(self.0) };
+    }
+}
+
+/// An opened device, shared by its [`GpuDevice`](super::GpuDevice) handle and every slot
+/// carved from it (each holds an `Arc`), so the primary context outlives them all.
+pub(super) struct DeviceInner {
+    pub(super) ordinal: usize,
+    pub(super) dev: CUdevice,
+    pub(super) name: String,
+    pub(super) sms: u32,
+    pub(super) compute_capability: (i32, i32),
+    pub(super) primary: CUcontext,
+    pub(super) whole: CUdevResource,
+}
+
+// SAFETY: the handles are process-wide driver objects, usable from any thread; the device is
+// read-only after `open` (its SM resource is copied before the driver sees it).
+unsafe impl Send for DeviceInner {}
+unsafe impl Sync for DeviceInner {}
+
+impl std::fmt::Debug for DeviceInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDevice")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("sms", &self.sms)
+            .field("compute_capability", &self.compute_capability)
+            .finish()
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: retained in `open`; every slot holds an `Arc` to this, so none is left.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}

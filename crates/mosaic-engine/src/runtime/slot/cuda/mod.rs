@@ -1,0 +1,43 @@
+//! CUDA green-context slots (Mosaic §3.2): a slot is a green context holding a module's SM
+//! quota, with a non-blocking stream in it; a plan's slots are created before training and
+//! leased at every stage transition (`GpuSlotPool`), since creating one costs tens of
+//! milliseconds ([`crate::measure::bench_gpu_slots`] measures it).
+//!
+//! - `partition`: how many SMs a slot gets and how a stage's slots share a device ([`sms_for`],
+//!   [`partition_sms`]); pure arithmetic, in every build.
+//! - `driver`: loading `libcuda` and checking it ([`driver_unavailable`]), driver errors, owned
+//!   green contexts.
+//! - `device`: `GpuDevice`, a GPU opened for slots, which cuts a stage's slots from its SMs.
+//! - `green`: [`GpuSlot`], a green context and its stream, made current on a thread by
+//!   `GpuSlot::enter`.
+//! - `pool`: `GpuSlotPool`, the slots of a plan's stages, pooled or on demand.
+//!
+//! Everything but `partition` needs the `cuda` feature (cudarc, which loads `libcuda` at run
+//! time, so it builds without CUDA). Without it, `dummy` stands in: [`GpuSlot`] has no values
+//! and [`driver_unavailable`] says the build has no CUDA, so callers need no `cfg`.
+
+mod partition;
+pub use partition::{partition_sms, sms_for, SmGranularity};
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
+mod green;
+#[cfg(feature = "cuda")]
+mod pool;
+#[cfg(feature = "cuda")]
+pub(crate) use device::Scratch;
+#[cfg(feature = "cuda")]
+pub use {
+    device::GpuDevice,
+    driver::driver_unavailable,
+    green::{Current, GpuSlot},
+    pool::{GpuSlotPool, StageSlots},
+};
+
+#[cfg(not(feature = "cuda"))]
+mod dummy;
+#[cfg(not(feature = "cuda"))]
+pub use dummy::{driver_unavailable, GpuSlot};

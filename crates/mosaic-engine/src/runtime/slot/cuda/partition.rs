@@ -1,0 +1,224 @@
+//! SM partitions: how many SMs a green-context slot of a given quota gets, and how a stage's
+//! slots share a device. Pure arithmetic, compiled and tested with or without the `cuda`
+//! feature (no GPU needed).
+//!
+//! A module's SMs are [`sms_for`] its quota: `quota × device SMs` rounded to the nearest size
+//! the architecture allows (multiples of 8, at least 8, on compute capability 9.x; at least 4,
+//! multiples of 2, on 8.x; see [`SmGranularity::for_compute_capability`]), at most the whole
+//! device. The modules of a stage run at the same time, so [`partition_sms`] gives them
+//! disjoint SMs, taking SMs back from the modules rounded up the most until the stage fits.
+
+use serde::Serialize;
+
+/// The smallest SM partition of a device and the step between partition sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SmGranularity {
+    /// Fewest SMs a partition may have.
+    pub min: u32,
+    /// A partition's SM count is a multiple of this.
+    pub step: u32,
+}
+
+impl SmGranularity {
+    /// The CUDA driver documentation's guideline for compute capability `major`.x: 6.x one SM;
+    /// 7.x at least 2, multiples of 2; 8.x at least 4, multiples of 2; 9.0 and later at least
+    /// 8, multiples of 8. (CUDA 13 reports the device's own values as `minSmPartitionSize` and
+    /// `smCoscheduledAlignment`; the driver rounds a request up to them in any case.)
+    pub fn for_compute_capability(major: i32) -> SmGranularity {
+        let (min, step) = match major {
+            i32::MIN..=6 => (1, 1),
+            7 => (2, 2),
+            8 => (4, 2),
+            _ => (8, 8),
+        };
+        SmGranularity { min, step }
+    }
+
+    /// Whether a partition of `sms` SMs is allowed.
+    pub fn allows(&self, sms: u32) -> bool {
+        sms >= self.min && sms.is_multiple_of(self.step.max(1))
+    }
+
+    /// The most SMs an allowed partition of at most `capacity` SMs can have, if any.
+    pub fn largest_within(&self, capacity: u32) -> Option<u32> {
+        let step = self.step.max(1);
+        let top = capacity - capacity % step;
+        (top >= self.min).then_some(top)
+    }
+}
+
+/// SMs for a slot of `quota` on a device of `total` SMs: `quota × total` rounded to the nearest
+/// multiple of `g.step`, at least `g.min`, at most the largest allowed count within `total`.
+/// `None` if the quota is not positive (or not a number) or `total` cannot hold a partition.
+pub fn sms_for(quota: f64, total: u32, g: SmGranularity) -> Option<u32> {
+    let cap = g.largest_within(total)?;
+    if quota.is_nan() || quota <= 0.0 {
+        return None;
+    }
+    let step = g.step.max(1);
+    let want = (quota * total as f64 / step as f64).round();
+    let rounded = (want.min(u32::MAX as f64) as u32).saturating_mul(step);
+    Some(rounded.max(g.min).min(cap))
+}
+
+/// SMs for every module of a stage that runs them at the same time: [`sms_for`] each quota of
+/// `total`, then, while the stage asks for more than `capacity` SMs (the SMs its partitions can
+/// be cut from), the module furthest above its exact share `quota × total` gives back
+/// `g.step` SMs (the first such module on a tie); a module never goes below `g.min`. Fails
+/// when the stage cannot fit (too many modules for their minimum partitions) or a quota is not
+/// positive.
+pub fn partition_sms(
+    quotas: &[f64],
+    total: u32,
+    capacity: u32,
+    g: SmGranularity,
+) -> Result<Vec<u32>, String> {
+    let cap = g.largest_within(capacity).ok_or_else(|| {
+        format!(
+            "{capacity} SMs hold no partition (of at least {} SMs)",
+            g.min
+        )
+    })?;
+    let mut sms = Vec::with_capacity(quotas.len());
+    for (i, &q) in quotas.iter().enumerate() {
+        let n = sms_for(q, total, g).ok_or_else(|| {
+            format!("module {i}: quota {q} gives no partition of a {total}-SM device")
+        })?;
+        sms.push(n.min(cap));
+    }
+    let step = g.step.max(1);
+    while sms.iter().map(|&n| n as u64).sum::<u64>() > capacity as u64 {
+        let over = |i: usize| sms[i] as f64 - quotas[i] * total as f64;
+        let give = (0..sms.len()).filter(|&i| sms[i] >= g.min + step).fold(
+            None,
+            |best: Option<usize>, i| match best {
+                Some(b) if over(b) >= over(i) => Some(b),
+                _ => Some(i),
+            },
+        );
+        match give {
+            Some(i) => sms[i] -= step,
+            None => {
+                return Err(format!(
+                    "{} modules at once need at least {} SMs ({} each); {capacity} can be \
+                     partitioned",
+                    sms.len(),
+                    sms.len() as u64 * g.min as u64,
+                    g.min
+                ))
+            }
+        }
+    }
+    Ok(sms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOPPER: SmGranularity = SmGranularity { min: 8, step: 8 };
+    const AMPERE: SmGranularity = SmGranularity { min: 4, step: 2 };
+
+    #[test]
+    fn granularity_by_compute_capability() {
+        assert_eq!(SmGranularity::for_compute_capability(9), HOPPER);
+        assert_eq!(SmGranularity::for_compute_capability(10), HOPPER);
+        assert_eq!(SmGranularity::for_compute_capability(8), AMPERE);
+        assert_eq!(
+            SmGranularity::for_compute_capability(7),
+            SmGranularity { min: 2, step: 2 }
+        );
+        assert_eq!(
+            SmGranularity::for_compute_capability(6),
+            SmGranularity { min: 1, step: 1 }
+        );
+        assert!(HOPPER.allows(16) && !HOPPER.allows(12) && !HOPPER.allows(0));
+        assert!(AMPERE.allows(6) && !AMPERE.allows(2) && !AMPERE.allows(7));
+        assert_eq!(HOPPER.largest_within(132), Some(128));
+        assert_eq!(AMPERE.largest_within(7), Some(6));
+        assert_eq!(AMPERE.largest_within(3), None);
+    }
+
+    #[test]
+    fn quota_rounds_to_the_nearest_allowed_count() {
+        // H100 SXM, 132 SMs: 0.25 × 132 = 33 → 32; 0.5 × 132 = 66 → 64; 0.3 × 132 = 39.6 → 40.
+        assert_eq!(sms_for(0.25, 132, HOPPER), Some(32));
+        assert_eq!(sms_for(0.5, 132, HOPPER), Some(64));
+        assert_eq!(sms_for(0.3, 132, HOPPER), Some(40));
+        // 0.35 × 132 = 46.2 → 48 (rounded up, not down).
+        assert_eq!(sms_for(0.35, 132, HOPPER), Some(48));
+        // A100, 108 SMs: 0.3 × 108 = 32.4 → 32; 0.33 × 108 = 35.64 → 36; 0.05 × 108 = 5.4 → 6.
+        assert_eq!(sms_for(0.3, 108, AMPERE), Some(32));
+        assert_eq!(sms_for(0.33, 108, AMPERE), Some(36));
+        assert_eq!(sms_for(0.05, 108, AMPERE), Some(6));
+    }
+
+    #[test]
+    fn quota_is_at_least_the_minimum_and_at_most_the_device() {
+        assert_eq!(sms_for(0.01, 132, HOPPER), Some(8));
+        assert_eq!(sms_for(0.01, 108, AMPERE), Some(4));
+        // The whole device: 132 is not a multiple of 8; the largest partition is 128.
+        assert_eq!(sms_for(1.0, 132, HOPPER), Some(128));
+        assert_eq!(sms_for(1.0, 108, AMPERE), Some(108));
+        assert_eq!(sms_for(1.0, 7, AMPERE), Some(6));
+        assert_eq!(sms_for(3.0, 108, AMPERE), Some(108));
+    }
+
+    #[test]
+    fn no_partition_for_bad_quotas_or_tiny_devices() {
+        assert_eq!(sms_for(0.0, 132, HOPPER), None);
+        assert_eq!(sms_for(-0.5, 132, HOPPER), None);
+        assert_eq!(sms_for(f64::NAN, 132, HOPPER), None);
+        assert_eq!(sms_for(0.5, 6, HOPPER), None);
+        assert_eq!(sms_for(1.0, 3, AMPERE), None);
+    }
+
+    #[test]
+    fn a_stage_that_fits_keeps_its_rounding() {
+        assert_eq!(
+            partition_sms(&[0.25, 0.5, 0.25], 132, 128, HOPPER).unwrap(),
+            [32, 64, 32]
+        );
+        assert_eq!(
+            partition_sms(&[0.3, 0.7], 108, 108, AMPERE).unwrap(),
+            [32, 76]
+        );
+    }
+
+    #[test]
+    fn a_stage_rounded_past_the_device_gives_back_the_excess() {
+        // 46.2 → 48, 46.2 → 48, 39.6 → 40: 136 > 128. The first of the two modules 1.8 SMs
+        // above their share gives back a group: 40 + 48 + 40 = 128.
+        assert_eq!(
+            partition_sms(&[0.35, 0.35, 0.3], 132, 128, HOPPER).unwrap(),
+            [40, 48, 40]
+        );
+        // Two halves of 132 round to 64 each and fit 128 exactly.
+        assert_eq!(
+            partition_sms(&[0.5, 0.5], 132, 128, HOPPER).unwrap(),
+            [64, 64]
+        );
+        // 1.0 + a small module: 128 (capped) + 8 > 128 → the big one gives back 8.
+        assert_eq!(
+            partition_sms(&[1.0, 0.01], 132, 128, HOPPER).unwrap(),
+            [120, 8]
+        );
+        // A smaller capacity than the device (SMs already taken): 96.
+        assert_eq!(
+            partition_sms(&[0.5, 0.5], 132, 96, HOPPER).unwrap(),
+            [48, 48]
+        );
+        let sms = partition_sms(&[0.2; 5], 108, 108, AMPERE).unwrap();
+        assert!(sms.iter().sum::<u32>() <= 108 && sms.iter().all(|&n| AMPERE.allows(n)));
+    }
+
+    #[test]
+    fn a_stage_of_too_many_modules_is_refused() {
+        // 17 modules of at least 8 SMs do not fit 128.
+        let e = partition_sms(&[0.05; 17], 132, 128, HOPPER).unwrap_err();
+        assert!(e.contains("17 modules") && e.contains("136"), "{e}");
+        assert!(partition_sms(&[0.05; 16], 132, 128, HOPPER).is_ok());
+        assert!(partition_sms(&[0.5, 0.0], 132, 128, HOPPER).is_err());
+        assert!(partition_sms(&[0.5], 132, 4, HOPPER).is_err());
+    }
+}

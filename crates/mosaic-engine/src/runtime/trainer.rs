@@ -1,0 +1,722 @@
+//! Stage-by-stage training of a model by a schedule (Mosaic §3.1–3.2).
+//!
+//! # One iteration
+//! 1. The batch of the current data position is drawn.
+//! 2. **Forward, stage by stage.** The modules of a stage run at the same time, each in its
+//!    slot; a module's replicas on this rank run as tasks in that slot, replica `k` on shard
+//!    `k` of the batch. Then the outputs are redistributed among the ranks. The stage ends
+//!    when its slowest module ends.
+//! 3. **Backward, stage by stage in reverse**, the same way; each module's optimizer step runs
+//!    in its slot right after its backward pass.
+//!
+//! # How tensors cross module boundaries
+//! Every module has its own autograd graph. A consumer does not see its producer's graph: it
+//! receives the producer's output *detached* (all replicas' shards gathered into the batch,
+//! then cut into the consumer's own shards) and wraps its inputs in fresh leaf variables.
+//! Backward then runs consumer first: the consumer's backward yields ∂loss/∂input at those
+//! leaves; the replicas' row shards are gathered (or, for a gathered consumer whose replicas
+//! all saw the whole batch, summed) into ∂loss/∂output of the producer, summed over its
+//! consumers in module order. The producer's replica `k` back-propagates `Σ y_k ⊙ g_k` (its
+//! output shard times that gradient shard), whose gradient is exactly `g_k`; the loss module
+//! back-propagates its share of the loss. Parameter gradients of a module's replicas are
+//! summed: on this rank in replica order, then over the module's ranks by one all-reduce of a
+//! single bucket on its group in the [`Collective`] (see there why a sum), from inside its
+//! slot. No tensor crosses a boundary with its graph, which is what lets the boundary cross
+//! processes: after each stage phase, on the trainer's thread, every rank gathers the row
+//! shards the other ranks computed, so every rank holds the whole batch of every output and
+//! gradient it may need. (Sending each only to its consumers' ranks would move less; at these
+//! sizes the all-gather's simplicity wins.) Ranks run the same schedule and draw the same
+//! batch, so their collective calls line up without coordination.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::collective::buffers::{decode, encode, flatten, unflatten};
+use super::collective::{Collective, InProcess};
+use super::optim::{AdamW, AdamWConfig};
+use super::schedule::{Placement, Schedule};
+use super::slot::{run_in_slots, Job, Slot, SlotMode, SlotPool};
+use crate::error::EngineError;
+use crate::models::data::Batch;
+use crate::models::model::{shards, Coupling, Input, Model, Output, Shard};
+
+/// Settings of a training run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Samples per step (the global batch, split among a module's replicas).
+    pub batch: usize,
+    /// The optimizer of every module.
+    pub adamw: AdamWConfig,
+    /// When slots are created.
+    pub slots: SlotMode,
+}
+
+impl Default for TrainConfig {
+    /// Batch 16, [`AdamWConfig::default`], pooled slots.
+    fn default() -> Self {
+        TrainConfig {
+            batch: 16,
+            adamw: AdamWConfig::default(),
+            slots: SlotMode::Pooled,
+        }
+    }
+}
+
+/// A module's times in one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleTiming {
+    /// The module.
+    pub name: String,
+    /// Its forward pass, in ms.
+    pub forward_ms: f64,
+    /// Its backward pass and optimizer step, in ms.
+    pub backward_ms: f64,
+}
+
+/// A stage's times in one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    /// Forward phase: until its slowest module's forward ended, in ms.
+    pub forward_ms: f64,
+    /// Backward phase (with the optimizer steps), in ms.
+    pub backward_ms: f64,
+    /// Stage transition cost, forward phase: from the phase's start until its last module
+    /// started running in its slot (slot lease or creation plus dispatch), in ms.
+    pub forward_launch_ms: f64,
+    /// The same for the backward phase, in ms.
+    pub backward_launch_ms: f64,
+    /// Per module.
+    pub modules: Vec<ModuleTiming>,
+}
+
+/// What one training step did.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// Steps completed, this one included (= the data position after it).
+    pub step: u64,
+    /// The batch loss before the update.
+    pub loss: f32,
+    /// Wall-clock time of the step, in ms.
+    pub step_ms: f64,
+    /// Per stage, in execution order.
+    pub stages: Vec<StageReport>,
+}
+
+/// The gradient of one parameter tensor, summed over replicas.
+#[derive(Debug, Clone)]
+pub struct ParamGrad {
+    /// Its module.
+    pub module: String,
+    /// The parameter's name within the module.
+    pub name: String,
+    /// ∂loss/∂parameter.
+    pub grad: Tensor,
+}
+
+/// A model, its schedule, its slots and its optimizers: everything a step needs.
+pub struct Trainer {
+    pub(crate) model: Model,
+    pub(crate) schedule: Schedule,
+    pub(crate) config: TrainConfig,
+    pub(crate) optimizers: Vec<Mutex<AdamW>>,
+    pub(crate) step: u64,
+    slots: SlotPool,
+    collective: Box<dyn Collective>,
+    /// The rank of every replica, per module.
+    ranks: Vec<Vec<usize>>,
+    /// The ranks holding replicas, ascending, per module (its communication group).
+    groups: Vec<Vec<usize>>,
+    device: Device,
+}
+
+/// A replica's forward state kept for its backward pass.
+struct ReplicaTape {
+    rows: std::ops::Range<usize>,
+    out: Tensor,
+    inputs: Vec<Option<Var>>,
+}
+
+struct Forward {
+    /// This rank's replicas.
+    replicas: Vec<ReplicaTape>,
+    /// This rank's rows of the activation (detached), for an activation module.
+    output: Option<Tensor>,
+    /// This rank's share of the batch loss, for the loss module.
+    loss: Option<Tensor>,
+    began: Instant,
+    ms: f64,
+}
+
+struct Backward {
+    /// Per module input, this rank's part of ∂loss/∂input (`None` for data inputs, or with no
+    /// replica here): its replicas' row shards, or for a gathered module their sum.
+    input_grads: Vec<Option<Tensor>>,
+    /// Summed parameter gradients, when not applied.
+    param_grads: Option<Vec<Tensor>>,
+    began: Instant,
+    ms: f64,
+}
+
+/// Milliseconds since `since`, to 0.1 µs.
+fn ms(since: Instant) -> f64 {
+    micro(since.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Rounds milliseconds to 0.1 µs (shorter logs; the clock's own resolution is finer).
+pub(crate) fn micro(ms: f64) -> f64 {
+    (ms * 1e4).round() / 1e4
+}
+
+impl Trainer {
+    /// A trainer for `model` by `schedule` in this process alone; see [`Trainer::with_collective`].
+    pub fn new(
+        model: Model,
+        schedule: Schedule,
+        config: TrainConfig,
+    ) -> Result<Trainer, EngineError> {
+        Self::with_collective(model, schedule, config, Box::new(InProcess))
+    }
+
+    /// A trainer for `model` by `schedule`, this process being rank `collective.rank()` of
+    /// `collective.world()`: it runs the replicas whose plan GPUs map to its rank
+    /// ([`Schedule::ranks`]). Creates the slot pool (every slot, in [`SlotMode::Pooled`]),
+    /// zeroed optimizers and each module's communication group. The schedule must come from
+    /// this model; every rank must call this with the same arguments.
+    pub fn with_collective(
+        model: Model,
+        schedule: Schedule,
+        config: TrainConfig,
+        mut collective: Box<dyn Collective>,
+    ) -> Result<Trainer, EngineError> {
+        if config.batch == 0 {
+            return Err(EngineError::BadSetting {
+                setting: "--batch".into(),
+                message: "expected at least 1 sample".into(),
+            });
+        }
+        if !(config.adamw.lr.is_finite() && config.adamw.lr > 0.0) {
+            return Err(EngineError::BadSetting {
+                setting: "--lr".into(),
+                message: format!("{} is not a positive learning rate", config.adamw.lr),
+            });
+        }
+        let too_many = schedule
+            .stages
+            .iter()
+            .flatten()
+            .find(|p| p.dp() > config.batch);
+        if let Some(p) = too_many {
+            return Err(EngineError::BadSetting {
+                setting: "--batch".into(),
+                message: format!(
+                    "{} samples cannot be split among the {} replicas of module \"{}\"",
+                    config.batch,
+                    p.dp(),
+                    p.name
+                ),
+            });
+        }
+        let ranks = schedule.ranks(model.modules.len(), collective.world())?;
+        let groups: Vec<Vec<usize>> = ranks
+            .iter()
+            .map(|r| {
+                let mut g = r.clone();
+                g.sort_unstable();
+                g.dedup();
+                g
+            })
+            .collect();
+        collective.create_groups(&groups)?;
+        let slots = SlotPool::new(schedule.slot_specs(model.modules.len()), config.slots)?;
+        let optimizers = AdamW::per_module(&model, config.adamw)?;
+        Ok(Trainer {
+            model,
+            schedule,
+            config,
+            optimizers,
+            step: 0,
+            slots,
+            collective,
+            ranks,
+            groups,
+            device: Device::Cpu,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Steps completed: the data position of the next batch.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Slots created before training (0 on demand).
+    pub fn slots_created(&self) -> usize {
+        self.slots.created()
+    }
+
+    /// The collective the replicas use.
+    pub fn collective(&self) -> &dyn Collective {
+        &*self.collective
+    }
+
+    /// One training step: forward and backward by the schedule, every module's optimizer
+    /// step, and the next data position.
+    pub fn step(&mut self) -> Result<StepReport, EngineError> {
+        let start = Instant::now();
+        let (loss, stages, _) = self.iterate(true)?;
+        self.step += 1;
+        Ok(StepReport {
+            step: self.step,
+            loss,
+            step_ms: ms(start),
+            stages,
+        })
+    }
+
+    /// The loss and every parameter's gradient on the current batch, without updating
+    /// anything (the data position stays).
+    pub fn gradients(&self) -> Result<(f32, Vec<ParamGrad>), EngineError> {
+        let (loss, _, grads) = self.iterate(false)?;
+        let mut grads = grads.expect("gradients are kept when not applied");
+        let world = self.collective.world();
+        for (m, module) in self.model.modules.iter().enumerate() {
+            if self.groups[m].len() == world {
+                continue;
+            }
+            // Ranks without a replica get the module's gradient from one that has it.
+            let err = || EngineError::tensor(module.name);
+            let like: Vec<Tensor> = module
+                .params
+                .iter()
+                .map(|(_, v)| v.as_detached_tensor())
+                .collect();
+            let mut buf = if grads[m].is_empty() {
+                vec![0f32; like.iter().map(Tensor::elem_count).sum()]
+            } else {
+                flatten(&grads[m]).map_err(err())?
+            };
+            self.collective.broadcast(self.groups[m][0], &mut buf)?;
+            grads[m] = unflatten(&buf, &like).map_err(err())?;
+        }
+        let mut out = Vec::new();
+        for (m, g) in self.model.modules.iter().zip(grads) {
+            for ((name, _), grad) in m.params.iter().zip(g) {
+                out.push(ParamGrad {
+                    module: m.name.to_string(),
+                    name: name.to_string(),
+                    grad,
+                });
+            }
+        }
+        Ok((loss, out))
+    }
+
+    /// Runs one iteration; `apply` steps the optimizers, else the summed gradients are
+    /// returned per module (empty for a module with no replica on this rank).
+    #[allow(clippy::type_complexity)]
+    fn iterate(
+        &self,
+        apply: bool,
+    ) -> Result<(f32, Vec<StageReport>, Option<Vec<Vec<Tensor>>>), EngineError> {
+        let batch = self
+            .model
+            .data
+            .batch(self.step, self.config.batch, &self.device)
+            .map_err(EngineError::tensor("data"))?;
+        let (loss, mut reports, tapes) = self.forward_pass(&batch)?;
+        let param_grads = self.backward_pass(tapes, &mut reports, apply)?;
+        Ok((loss, reports, (!apply).then_some(param_grads)))
+    }
+
+    /// Runs one job per module of `stage`, each in its module's slot, all at the same time
+    /// (see [`run_in_slots`]); slots created for the stage are dropped when it ends.
+    fn run_stage<'s, T: Send>(
+        &'s self,
+        stage: &'s [Placement],
+        mut job: impl FnMut(&'s Placement) -> Job<'s, T>,
+    ) -> Result<Vec<T>, EngineError> {
+        let leases = stage
+            .iter()
+            .map(|p| self.slots.lease(p.module()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let jobs: Vec<(&Slot, Job<'_, T>)> = stage
+            .iter()
+            .zip(&leases)
+            .map(|(p, slot)| (&**slot, job(p)))
+            .collect();
+        let results = run_in_slots(jobs);
+        drop(leases);
+        Ok(results)
+    }
+
+    /// Forward, stage by stage: the batch loss, every stage's report (forward part), and every
+    /// module's forward state for the backward pass.
+    #[allow(clippy::type_complexity)]
+    fn forward_pass(
+        &self,
+        batch: &Batch,
+    ) -> Result<(f32, Vec<StageReport>, Vec<Option<Forward>>), EngineError> {
+        let n = self.model.modules.len();
+        let mut outputs: Vec<Option<Tensor>> = vec![None; n];
+        let mut tapes: Vec<Option<Forward>> = (0..n).map(|_| None).collect();
+        let mut reports = Vec::with_capacity(self.schedule.stages.len());
+        let mut loss = None;
+        for stage in &self.schedule.stages {
+            let t0 = Instant::now();
+            let outs = &outputs;
+            let results = self.run_stage(stage, |p| {
+                Box::new(move || self.forward_module(p.module(), p.dp(), batch, outs))
+            })?;
+            let mut launch = 0f64;
+            let mut modules = Vec::with_capacity(stage.len());
+            for (p, r) in stage.iter().zip(results) {
+                let mut f = r?;
+                launch = launch.max(micro((f.began - t0).as_secs_f64() * 1e3));
+                modules.push(ModuleTiming {
+                    name: p.name.clone(),
+                    forward_ms: f.ms,
+                    backward_ms: 0.0,
+                });
+                let err = EngineError::tensor(&p.name);
+                match self.model.modules[p.module()].output {
+                    Output::Activation => {
+                        outputs[p.module()] = Some(self.gather_rows(p.module(), f.output.take())?);
+                    }
+                    Output::Loss => {
+                        let total = self.sum_over_ranks(f.loss.take())?;
+                        loss = Some(total.to_scalar::<f32>().map_err(err)?);
+                    }
+                }
+                tapes[p.module()] = Some(f);
+            }
+            reports.push(StageReport {
+                forward_ms: ms(t0),
+                backward_ms: 0.0,
+                forward_launch_ms: launch,
+                backward_launch_ms: 0.0,
+                modules,
+            });
+        }
+        let loss = loss.expect("the model has a loss module");
+        Ok((loss, reports, tapes))
+    }
+
+    /// Backward, stage by stage in reverse, filling in the backward part of `reports`: every
+    /// module's summed parameter gradients when not `apply`ed (else empty).
+    fn backward_pass(
+        &self,
+        mut tapes: Vec<Option<Forward>>,
+        reports: &mut [StageReport],
+        apply: bool,
+    ) -> Result<Vec<Vec<Tensor>>, EngineError> {
+        let n = self.model.modules.len();
+        // grads_in[producer][consumer]: ∂loss/∂output of the producer, from the consumer.
+        let mut grads_in: Vec<Vec<Option<Tensor>>> = vec![vec![None; n]; n];
+        let mut param_grads: Vec<Vec<Tensor>> = vec![Vec::new(); n];
+        for (si, stage) in self.schedule.stages.iter().enumerate().rev() {
+            let t0 = Instant::now();
+            let results = self.run_stage(stage, |p| {
+                let tape = tapes[p.module()].take().expect("forward ran");
+                let from_consumers: Vec<Tensor> = grads_in[p.module()]
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .collect();
+                Box::new(move || self.backward_module(p.module(), tape, from_consumers, apply))
+            })?;
+            let report = &mut reports[si];
+            for ((p, r), timing) in stage.iter().zip(results).zip(&mut report.modules) {
+                let b = r?;
+                report.backward_launch_ms = report
+                    .backward_launch_ms
+                    .max(micro((b.began - t0).as_secs_f64() * 1e3));
+                timing.backward_ms = b.ms;
+                self.hand_back(p.module(), b.input_grads, &mut grads_in)?;
+                if let Some(g) = b.param_grads {
+                    param_grads[p.module()] = g;
+                }
+            }
+            report.backward_ms = ms(t0);
+        }
+        Ok(param_grads)
+    }
+
+    /// Hands module `m`'s ∂loss/∂input (this rank's part, per input) to its producers, as the
+    /// whole batch on every rank: added into `grads_in[producer][m]`.
+    fn hand_back(
+        &self,
+        m: usize,
+        input_grads: Vec<Option<Tensor>>,
+        grads_in: &mut [Vec<Option<Tensor>>],
+    ) -> Result<(), EngineError> {
+        let module = &self.model.modules[m];
+        for (input, local) in module.inputs.iter().zip(input_grads) {
+            let Input::Module(producer) = *input else {
+                continue;
+            };
+            let g = match module.coupling {
+                Coupling::Sharded => self.gather_rows(m, local)?,
+                Coupling::Gathered => self.sum_over_ranks(local)?,
+            };
+            let cell = &mut grads_in[producer][m];
+            *cell = Some(match cell.take() {
+                None => g,
+                Some(acc) => (acc + g).map_err(EngineError::tensor(module.name))?,
+            });
+        }
+        Ok(())
+    }
+
+    /// The shards of module `m`'s replicas that run on this rank.
+    fn local_shards(&self, m: usize, dp: usize) -> Vec<Shard> {
+        let me = self.collective.rank();
+        shards(self.config.batch, dp)
+            .into_iter()
+            .filter(|s| self.ranks[m][s.index] == me)
+            .collect()
+    }
+
+    /// Forward pass of module `m`'s replicas on this rank, inside its slot.
+    fn forward_module(
+        &self,
+        m: usize,
+        dp: usize,
+        batch: &Batch,
+        outputs: &[Option<Tensor>],
+    ) -> Result<Forward, EngineError> {
+        let began = Instant::now();
+        let module = &self.model.modules[m];
+        let replicas = self
+            .local_shards(m, dp)
+            .into_par_iter()
+            .map(|shard| -> candle_core::Result<ReplicaTape> {
+                let wholes = module.inputs.iter().map(|input| match input {
+                    Input::Data(key) => batch.tensors[key].clone(),
+                    Input::Module(p) => outputs[*p].clone().expect("producers run earlier"),
+                });
+                let (xs, vars) = module.replica_inputs(wholes, &shard)?;
+                let out = module.net.forward(&xs, &shard)?;
+                Ok(ReplicaTape {
+                    rows: shard.rows,
+                    out,
+                    inputs: vars,
+                })
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(EngineError::tensor(module.name))?;
+        let err = EngineError::tensor(module.name);
+        let local = replicas.iter().map(|r| r.out.detach()).collect();
+        let (output, loss) = match module.output {
+            Output::Activation => (cat_rows(local).map_err(err)?, None),
+            Output::Loss => (None, sum_all(local).map_err(err)?),
+        };
+        Ok(Forward {
+            replicas,
+            output,
+            loss,
+            began,
+            ms: ms(began),
+        })
+    }
+
+    /// Backward pass of module `m`'s replicas on this rank and its optimizer step, inside its
+    /// slot. `from_consumers` are ∂loss/∂output from each consumer, in module order.
+    fn backward_module(
+        &self,
+        m: usize,
+        tape: Forward,
+        from_consumers: Vec<Tensor>,
+        apply: bool,
+    ) -> Result<Backward, EngineError> {
+        let began = Instant::now();
+        let module = &self.model.modules[m];
+        let err = || EngineError::tensor(module.name);
+        let out_grad = sum_all(from_consumers).map_err(err())?;
+        let per_replica = tape
+            .replicas
+            .par_iter()
+            .map(|r| module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs))
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(err())?;
+        let (params, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
+
+        // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
+        // or for a gathered module (every replica saw the whole batch) their sum.
+        let input_grads = (0..module.inputs.len())
+            .map(|i| {
+                let local: Vec<Tensor> = inputs.iter().filter_map(|r| r[i].clone()).collect();
+                match module.coupling {
+                    Coupling::Sharded => cat_rows(local),
+                    Coupling::Gathered => sum_all(local),
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(err())?;
+
+        // No replica on this rank: nothing to reduce or update.
+        let param_grads = match self.reduce_params(m, params)? {
+            Some(params) if apply => {
+                let mut opt = self.optimizers[m].lock().expect("optimizer lock");
+                opt.step(&module.params, &params).map_err(err())?;
+                None
+            }
+            params => params,
+        };
+        Ok(Backward {
+            input_grads,
+            param_grads,
+            began,
+            ms: ms(began),
+        })
+    }
+
+    /// Module `m`'s parameter gradients summed over its replicas: on this rank in replica
+    /// order, then over the ranks of its group by one all-reduce of a single bucket. `None`
+    /// with no replica on this rank.
+    fn reduce_params(
+        &self,
+        m: usize,
+        replicas: Vec<Vec<Tensor>>,
+    ) -> Result<Option<Vec<Tensor>>, EngineError> {
+        let err = || EngineError::tensor(self.model.modules[m].name);
+        let mut replicas = replicas.into_iter();
+        let Some(mut params) = replicas.next() else {
+            return Ok(None);
+        };
+        for r in replicas {
+            for (a, t) in params.iter_mut().zip(r) {
+                *a = (&*a + t).map_err(err())?;
+            }
+        }
+        if self.groups[m].len() > 1 {
+            // One bucket per module: a single all-reduce of every parameter's gradient.
+            let mut bucket = flatten(&params).map_err(err())?;
+            self.collective.all_reduce_module(m, &mut bucket)?;
+            params = unflatten(&bucket, &params).map_err(err())?;
+        }
+        Ok(Some(params))
+    }
+
+    /// The whole batch of module `m`'s row shards, on every rank: this rank's `local` rows (its
+    /// replicas' shards in replica order, `None` if it holds none) and the other ranks'.
+    fn gather_rows(&self, m: usize, local: Option<Tensor>) -> Result<Tensor, EngineError> {
+        let name = self.model.modules[m].name;
+        if self.collective.world() == 1 {
+            return Ok(local.expect("a single rank holds every replica"));
+        }
+        let chunks = self.collective.all_gather(&encode(local.as_ref(), name)?)?;
+        let placement = self.schedule.placement(m);
+        let shards = shards(self.config.batch, placement.dp());
+        let mut pieces: Vec<&[f32]> = vec![&[]; placement.dp()];
+        let mut dims = None;
+        for (rank, chunk) in chunks.iter().enumerate() {
+            let Some((d, data)) = decode(chunk) else {
+                continue;
+            };
+            let row: usize = d[1..].iter().product();
+            let mut at = 0;
+            for s in shards.iter().filter(|s| self.ranks[m][s.index] == rank) {
+                let len = s.rows.len() * row;
+                pieces[s.index] = &data[at..at + len];
+                at += len;
+            }
+            dims = Some(d);
+        }
+        let mut dims = dims.expect("some rank holds a replica");
+        dims[0] = self.config.batch;
+        Tensor::from_vec(pieces.concat(), dims, &self.device).map_err(EngineError::tensor(name))
+    }
+
+    /// The sum over ranks of the ranks' `local` tensors (`None` where a rank has none), in rank
+    /// order, on every rank.
+    fn sum_over_ranks(&self, local: Option<Tensor>) -> Result<Tensor, EngineError> {
+        if self.collective.world() == 1 {
+            return Ok(local.expect("a single rank holds every replica"));
+        }
+        let chunks = self
+            .collective
+            .all_gather(&encode(local.as_ref(), "sum")?)?;
+        let mut total: Option<(Vec<usize>, Vec<f32>)> = None;
+        for (d, data) in chunks.iter().filter_map(|c| decode(c)) {
+            match &mut total {
+                None => total = Some((d, data.to_vec())),
+                Some((_, acc)) => acc.iter_mut().zip(data).for_each(|(a, b)| *a += b),
+            }
+        }
+        let (dims, data) = total.expect("some rank holds a replica");
+        Tensor::from_vec(data, dims, &self.device).map_err(EngineError::tensor("sum"))
+    }
+
+    /// Gives every rank the parameters and optimizer state of the modules it holds no replica
+    /// of, from the lowest rank that does; a collective call (every rank calls it). Before a
+    /// checkpoint, so that rank 0 writes every module's current state.
+    pub(crate) fn share_module_states(&self) -> Result<(), EngineError> {
+        let world = self.collective.world();
+        for (m, module) in self.model.modules.iter().enumerate() {
+            if self.groups[m].len() == world {
+                continue;
+            }
+            let root = self.groups[m][0];
+            let err = || EngineError::tensor(module.name);
+            let mut opt = self.optimizers[m].lock().expect("optimizer lock");
+            let params: Vec<Tensor> = module
+                .params
+                .iter()
+                .map(|(_, v)| v.as_detached_tensor())
+                .collect();
+            let share = |tensors: &[Tensor]| -> Result<Vec<Tensor>, EngineError> {
+                let mut buf = flatten(tensors).map_err(err())?;
+                self.collective.broadcast(root, &mut buf)?;
+                unflatten(&buf, tensors).map_err(err())
+            };
+            for ((_, var), p) in module.params.iter().zip(share(&params)?) {
+                var.set(&p).map_err(err())?;
+            }
+            opt.m = share(&opt.m)?;
+            opt.v = share(&opt.v)?;
+            // Steps taken: every rank holding the module took the same number.
+            let mut t = [opt.t as f32];
+            self.collective.broadcast(root, &mut t)?;
+            opt.t = t[0] as u64;
+        }
+        Ok(())
+    }
+}
+
+/// This rank's replicas' row shards as one tensor, in replica order (`None` if it has none).
+fn cat_rows(local: Vec<Tensor>) -> candle_core::Result<Option<Tensor>> {
+    match local.len() {
+        0 => Ok(None),
+        1 => Ok(local.into_iter().next()),
+        _ => Tensor::cat(&local.iter().collect::<Vec<_>>(), 0).map(Some),
+    }
+}
+
+/// The sum of this rank's replicas' tensors, in replica order (`None` if it has none).
+fn sum_all(local: Vec<Tensor>) -> candle_core::Result<Option<Tensor>> {
+    let mut acc: Option<Tensor> = None;
+    for t in local {
+        acc = Some(match acc {
+            None => t,
+            Some(a) => (a + t)?,
+        });
+    }
+    Ok(acc)
+}

@@ -1,0 +1,306 @@
+//! Reading a `mosaic-plan/1` file, the one way every consumer reads a plan: [`load_plan`]
+//! parses it with field-path errors, and [`Plan::resolve`] checks it against the model it runs
+//! (every module placed exactly once, producers in earlier stages, `dp` equal to the number of
+//! its GPUs, distinct GPUs of the pool, quotas in (0, 1] adding up to at most a whole GPU) and
+//! turns module names into indices. The simulator and the engine then check only what is
+//! theirs (a cluster's device and memory, a batch size).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use mosaic_profile::PerfModel;
+
+use crate::error::PlanFileError;
+use crate::plan::{Plan, PlanModule, PLAN_FORMAT};
+
+/// Reads and parses a `mosaic-plan/1` file; errors name the file and the field.
+pub fn load_plan(path: impl AsRef<Path>) -> Result<Plan, PlanFileError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| PlanFileError::Io {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    parse_plan(&text, path)
+}
+
+/// Parses a `mosaic-plan/1` file's text; `file` names it in errors. The `format` field is
+/// checked first, so that a file of another kind gets that error rather than a complaint
+/// about its fields.
+pub fn parse_plan(text: &str, file: impl AsRef<Path>) -> Result<Plan, PlanFileError> {
+    let file = file.as_ref();
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) {
+        let found = match map.get("format") {
+            Some(serde_json::Value::String(f)) if f == PLAN_FORMAT => None,
+            Some(other) => Some(other.to_string()),
+            None => Some("no format field".into()),
+        };
+        if let Some(found) = found {
+            return Err(PlanFileError::Format {
+                file: file.to_path_buf(),
+                found,
+            });
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        PlanFileError::Syntax {
+            file: file.to_path_buf(),
+            field: if field == "." { "(file)".into() } else { field },
+            message: e.into_inner().to_string(),
+        }
+    })
+}
+
+/// The modules a plan is resolved against: their names in model order and each one's direct
+/// producers (indices into `names`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleGraph {
+    /// The model as errors name it: `model ofasys`, `engine model clip-tiny`.
+    pub model: String,
+    /// Module names, in model order.
+    pub names: Vec<String>,
+    /// Per module, the modules it consumes.
+    pub producers: Vec<Vec<usize>>,
+}
+
+impl ModuleGraph {
+    /// The graph of a performance model's modules (named `the profiled model` in errors).
+    pub fn of(model: &PerfModel) -> ModuleGraph {
+        ModuleGraph {
+            model: "the profiled model".into(),
+            names: model.modules.iter().map(|m| m.name.clone()).collect(),
+            producers: model
+                .modules
+                .iter()
+                .map(|m| m.parents.iter().collect())
+                .collect(),
+        }
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+}
+
+/// One module of a stage, resolved: what the simulator and the engine execute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// Index into [`ModuleGraph::names`].
+    pub module: usize,
+    /// Data-parallel degree: the number of `gpus`.
+    pub dp: u32,
+    /// SM quota on each of its GPUs, in (0, 1].
+    pub sm: f64,
+    /// The distinct GPUs of the pool holding its replicas, replica `k` on `gpus[k]`.
+    pub gpus: Vec<u32>,
+}
+
+impl Plan {
+    /// Checks the plan (read from `file`, which errors name) against `graph` and resolves its
+    /// modules to indices: one list of assignments per stage, in the plan's order (an empty
+    /// stage stays empty). The first violation is returned, naming the field.
+    pub fn resolve(
+        &self,
+        file: &Path,
+        graph: &ModuleGraph,
+    ) -> Result<Vec<Vec<Assignment>>, PlanFileError> {
+        if self.format != PLAN_FORMAT {
+            return Err(PlanFileError::Format {
+                file: file.to_path_buf(),
+                found: format!("\"{}\"", self.format),
+            });
+        }
+        let mut r = Resolver {
+            file,
+            graph,
+            pool: self.gpus,
+            placed: HashMap::new(),
+        };
+        let stages = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(si, s)| r.stage(si, &s.modules))
+            .collect::<Result<Vec<_>, _>>()?;
+        r.check_complete()?;
+        r.check_order()?;
+        Ok(stages)
+    }
+
+    /// Checks the plan against the performance model it was made from: the rules of
+    /// [`Plan::resolve`], and the planned memory (`mem_gib`) within the device on every GPU.
+    /// Returns the first violation found.
+    pub fn check(&self, model: &PerfModel) -> Result<(), String> {
+        let stages = self
+            .resolve(Path::new("plan"), &ModuleGraph::of(model))
+            .map_err(|e| e.to_string())?;
+        for (si, (stage, planned)) in stages.iter().zip(&self.stages).enumerate() {
+            let mut mem = vec![0.0; self.gpus as usize];
+            for (a, m) in stage.iter().zip(&planned.modules) {
+                for &g in &a.gpus {
+                    mem[g as usize] += m.mem_gib;
+                }
+            }
+            if let Some(g) = (0..mem.len()).find(|&g| mem[g] > model.device.memory_gib + 1e-3) {
+                return Err(format!(
+                    "stage {si}: GPU {g} needs {:.2} GiB > {}",
+                    mem[g], model.device.memory_gib
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The state of one resolution: where each module was placed so far.
+struct Resolver<'a> {
+    file: &'a Path,
+    graph: &'a ModuleGraph,
+    pool: u32,
+    /// Module index -> (stage, the field of its name).
+    placed: HashMap<usize, (usize, String)>,
+}
+
+impl Resolver<'_> {
+    fn file(&self) -> PathBuf {
+        self.file.to_path_buf()
+    }
+
+    /// Resolves stage `si`, summing the quotas on each GPU as its modules are placed.
+    fn stage(
+        &mut self,
+        si: usize,
+        modules: &[PlanModule],
+    ) -> Result<Vec<Assignment>, PlanFileError> {
+        let mut quota = vec![0.0; self.pool as usize];
+        modules
+            .iter()
+            .enumerate()
+            .map(|(mi, m)| self.module(si, &format!("stages[{si}].modules[{mi}]"), m, &mut quota))
+            .collect()
+    }
+
+    /// Resolves one module placed at `at`: its name, quota, GPUs and dp.
+    fn module(
+        &mut self,
+        si: usize,
+        at: &str,
+        m: &PlanModule,
+        quota: &mut [f64],
+    ) -> Result<Assignment, PlanFileError> {
+        let module = self.name(si, at, &m.name)?;
+        if !(m.sm > 0.0 && m.sm <= 1.0) {
+            return Err(PlanFileError::BadQuota {
+                file: self.file(),
+                field: format!("{at}.sm"),
+                sm: m.sm,
+            });
+        }
+        self.gpus(at, m, quota)?;
+        if m.dp == 0 || m.dp as usize != m.gpus.len() {
+            return Err(PlanFileError::DpMismatch {
+                file: self.file(),
+                field: format!("{at}.dp"),
+                dp: m.dp,
+                gpus: m.gpus.len(),
+            });
+        }
+        Ok(Assignment {
+            module,
+            dp: m.dp,
+            sm: m.sm,
+            gpus: m.gpus.clone(),
+        })
+    }
+
+    /// The index of the module called `name`, placed for the first time, in stage `si`.
+    fn name(&mut self, si: usize, at: &str, name: &str) -> Result<usize, PlanFileError> {
+        let field = format!("{at}.name");
+        let module = self
+            .graph
+            .index_of(name)
+            .ok_or_else(|| PlanFileError::UnknownModule {
+                file: self.file(),
+                field: field.clone(),
+                name: name.to_string(),
+                model: self.graph.model.clone(),
+                known: self.graph.names.join(", "),
+            })?;
+        if let Some((_, first)) = self.placed.get(&module) {
+            return Err(PlanFileError::DuplicateModule {
+                file: self.file(),
+                field,
+                name: name.to_string(),
+                first: first.clone(),
+            });
+        }
+        self.placed.insert(module, (si, field));
+        Ok(module)
+    }
+
+    /// Checks a module's GPUs: in the pool, distinct, and not filled past a whole GPU.
+    fn gpus(&self, at: &str, m: &PlanModule, quota: &mut [f64]) -> Result<(), PlanFileError> {
+        for (k, &gpu) in m.gpus.iter().enumerate() {
+            let field = format!("{at}.gpus[{k}]");
+            if gpu >= self.pool {
+                return Err(PlanFileError::GpuOutOfRange {
+                    file: self.file(),
+                    field,
+                    gpu,
+                    pool: self.pool,
+                });
+            }
+            if m.gpus[..k].contains(&gpu) {
+                return Err(PlanFileError::RepeatedGpu {
+                    file: self.file(),
+                    field,
+                    gpu,
+                });
+            }
+            quota[gpu as usize] += m.sm;
+            if quota[gpu as usize] > 1.0 + 1e-6 {
+                return Err(PlanFileError::Oversubscribed {
+                    file: self.file(),
+                    field,
+                    gpu,
+                    quota: quota[gpu as usize],
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every module of the graph is placed.
+    fn check_complete(&self) -> Result<(), PlanFileError> {
+        match (0..self.graph.names.len()).find(|i| !self.placed.contains_key(i)) {
+            Some(m) => Err(PlanFileError::MissingModule {
+                file: self.file(),
+                name: self.graph.names[m].clone(),
+                model: self.graph.model.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Every module runs in a later stage than each of its producers.
+    fn check_order(&self) -> Result<(), PlanFileError> {
+        for (i, producers) in self.graph.producers.iter().enumerate() {
+            let (stage, field) = &self.placed[&i];
+            for &p in producers {
+                let producer_stage = self.placed[&p].0;
+                if producer_stage >= *stage {
+                    return Err(PlanFileError::Order {
+                        file: self.file(),
+                        field: field.clone(),
+                        name: self.graph.names[i].clone(),
+                        stage: *stage,
+                        producer: self.graph.names[p].clone(),
+                        producer_stage,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
