@@ -321,3 +321,11 @@ fn the_analytical_profile_refuses_the_engines_flags() {
         ("profile --model clip", "--cluster"),
     ]);
 }
+
+#[test]
+fn bench_refuses_to_measure_nothing() {
+    refused(&[
+        ("bench --repeats 0", "--repeats"),
+        ("bench --seeds 0", "--seeds"),
+    ]);
+}

@@ -13,10 +13,10 @@ use mosaic_profile::PerfModel;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Solves per case and search; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    repeats: usize,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    repeats: u64,
     /// Random models per synthetic size.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
     /// Milliseconds the exact search may take per solve.
     #[arg(long, default_value_t = 10_000)]
@@ -40,14 +40,9 @@ struct Row {
     gahc_over_exact_max: Option<f64>,
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
+/// The median of timings that clap's `--repeats 1..` and `--seeds 1..` keep non-empty.
+fn median(xs: Vec<f64>) -> f64 {
+    mosaic_kit::stats::median(&xs).expect("at least one repeat and one model")
 }
 
 /// Solves every model `repeats` times with each search and summarises.
@@ -194,7 +189,7 @@ fn stage_eval_rows(args: &Args) -> Result<Vec<StageRow>> {
                 .fold(mosaic_profile::ModuleSet::EMPTY, |s, (i, _)| {
                     s.union(mosaic_profile::ModuleSet::single(i))
                 });
-            let times: Vec<f64> = (0..args.repeats.max(1))
+            let times: Vec<f64> = (0..args.repeats)
                 .map(|_| {
                     let t = Instant::now();
                     let alloc = mosaic_plan::stage_eval(&problem, sources, f64::INFINITY);
