@@ -1,6 +1,7 @@
 //! Drives `mosaic train` as a user would: JSON logs, plans from the planner, from `mosaic train
 //! template` and by hand, bad input, the slot bench (`mosaic measure slots`), the data format
-//! (`mosaic data write`), and a run killed with SIGKILL that resumes bit for bit.
+//! (`mosaic data write`), a run killed with SIGKILL that resumes bit for bit, and a full disk
+//! that keeps the previous checkpoint.
 #![cfg(feature = "engine")]
 
 use std::io::{BufRead, BufReader};
@@ -263,6 +264,37 @@ fn the_slot_bench_prints_pooled_and_on_demand_figures() {
     for word in ["pooled", "on demand", "transition", "matmul"] {
         assert!(out.contains(word), "{word}: {out}");
     }
+}
+
+/// A checkpoint that cannot be written (the disk is full: the temporary file is `/dev/full`)
+/// stops the run with the reason, and leaves the previous checkpoint whole: the next run
+/// resumes from it.
+#[test]
+fn a_full_disk_keeps_the_previous_checkpoint() {
+    let d = dir("full-disk");
+    let ck = d.join("ckpt");
+    let train = |steps: &str| {
+        mosaic_line(&format!(
+            "train --model clip-tiny --steps {steps} --checkpoint-every 4 --checkpoint-dir {} \
+             --json-log",
+            s(&ck)
+        ))
+    };
+    let o = train("8");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tmp = ck.join("checkpoint.safetensors.tmp");
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let o = train("12");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("No space left on device"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(&tmp).unwrap();
+    let resumed = events(&train("12"));
+    assert_eq!(resumed[0]["resumed_from"].as_u64(), Some(8), "{resumed:?}");
+    assert_eq!(losses(&resumed).last().unwrap().0, 12);
 }
 
 /// A run killed with SIGKILL mid-training resumes from its last checkpoint, and its loss curve

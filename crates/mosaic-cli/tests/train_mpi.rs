@@ -187,6 +187,98 @@ fn two_processes_checkpoint_and_resume_exactly() {
     );
 }
 
+/// The processes `pid` started (from `/proc`: the fourth field of `stat` is the parent).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // After the command's name, in parentheses: state, then the parent's pid.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after.split_whitespace().nth(1) == Some(pid.to_string().as_str())
+        })
+        .collect()
+}
+
+/// One rank killed with SIGKILL mid-run: the other stops within seconds (mpirun aborts the
+/// job, never a hang), and rerunning resumes from the last checkpoint on the uninterrupted
+/// run's loss curve, bit for bit.
+#[test]
+fn a_killed_rank_stops_the_run_and_it_resumes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let d = dir("kill-rank");
+    let plan = mixed_plan(&d);
+    let ck = d.join("ckpt");
+    let mut args = clip_by(&plan, "400");
+    let whole = run(&mosaic(Some(2), &args)).1;
+    args.extend(["--checkpoint-every", "4", "--checkpoint-dir", s(&ck)]);
+
+    let bin = env!("CARGO_BIN_EXE_mosaic");
+    let mut job = Command::new("mpirun")
+        .args(["--oversubscribe", "-np", "2", bin])
+        .args(&args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mpirun (openmpi-bin) is installed");
+    let mut lines = BufReader::new(job.stdout.take().unwrap()).lines();
+    // Wait for step 30 (checkpoints at 4, 8, …, 28 are written by then).
+    for line in lines.by_ref() {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if e["event"] == "step" && e["step"].as_u64().unwrap() >= 30 {
+            break;
+        }
+    }
+    let ranks = children(job.id());
+    assert_eq!(ranks.len(), 2, "mpirun's ranks: {ranks:?}");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-KILL", &ranks[1].to_string()])
+        .status()
+        .unwrap();
+    // Drain what rank 0 still prints, so that it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            job.kill().ok();
+            panic!("the job still runs 30 s after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "stopped after {:?}",
+        killed.elapsed()
+    );
+
+    let o = mosaic(Some(2), &args);
+    let (start, rest) = run(&o);
+    let from = start["resumed_from"]
+        .as_u64()
+        .expect("resumed from a checkpoint") as usize;
+    assert!((28..400).contains(&from), "resumed from step {from}");
+    assert_eq!(
+        rest.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        whole[from..]
+            .iter()
+            .map(|l| l.to_bits())
+            .collect::<Vec<_>>(),
+        "the resumed curve is the uninterrupted one"
+    );
+}
+
 #[test]
 fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
     let d = dir("too-few");

@@ -8,8 +8,10 @@
 //!
 //! The safetensors metadata holds one key, `mosaic`, whose value is JSON ([`Meta`]): the
 //! format, the model, the seed and the batch size (which fix the data stream), the data
-//! position `step` (batches consumed; the next batch is the one of position `step`), and per
-//! module AdamW's step count and hyperparameters. The schedule is recorded for information:
+//! position `step` (batches consumed; the next batch is the one of position `step`), per
+//! module AdamW's step count and hyperparameters, and `crc32`, the CRC-32 of every tensor's
+//! bytes in the order they are listed above, module by module (safetensors itself has no
+//! checksum: a flipped bit in a tensor would load silently). The schedule is recorded for information:
 //! a run may resume under another plan (the loss then continues within float tolerance rather
 //! than bit for bit, see the equivalence test).
 //!
@@ -17,7 +19,9 @@
 //! The file is written to `checkpoint.safetensors.tmp`, flushed to disk (`fsync`), renamed over
 //! the previous checkpoint (atomic on POSIX file systems), and the directory is fsynced so the
 //! rename itself survives a crash. A process killed at any point leaves either the previous
-//! checkpoint or the new one, never a mix.
+//! checkpoint or the new one, never a mix; a write that fails (a full disk) leaves the previous
+//! checkpoint in place. Loading reads and checks everything (metadata, shapes, checksum) before
+//! it changes the trainer, so a truncated or corrupted file is refused and never half-loaded.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -26,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::Load;
 use candle_core::Tensor;
+use safetensors::tensor::View;
 use serde::{Deserialize, Serialize};
 
 use super::optim::AdamWConfig;
@@ -55,6 +60,8 @@ pub struct Meta {
     pub schedule: String,
     /// Per module, in model order.
     pub modules: Vec<ModuleMeta>,
+    /// CRC-32 of the tensors' bytes, in the order they are written.
+    pub crc32: u32,
 }
 
 /// A module's optimizer state besides its tensors.
@@ -105,6 +112,10 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<PathBuf, EngineError> {
             adamw: opt.config,
         });
     }
+    let mut crc = crc32fast::Hasher::new();
+    for (_, t) in &tensors {
+        crc.update(&t.data());
+    }
     let meta = Meta {
         format: CHECKPOINT_FORMAT.into(),
         model: trainer.model.name.into(),
@@ -113,6 +124,7 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<PathBuf, EngineError> {
         step: trainer.step,
         schedule: trainer.schedule.describe(),
         modules,
+        crc32: crc.finalize(),
     };
     let info = HashMap::from([(
         "mosaic".to_string(),
@@ -246,10 +258,12 @@ fn read_states(
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| bad(path, "(file)", format!("not a safetensors file: {e}")))?;
     let device = candle_core::Device::Cpu;
+    let crc = std::cell::RefCell::new(crc32fast::Hasher::new());
     let get = |key: &str, like: &Tensor| -> Result<Tensor, EngineError> {
         let view = st
             .tensor(key)
             .map_err(|_| bad(path, key, "missing tensor".into()))?;
+        crc.borrow_mut().update(view.data());
         let t = view
             .load(&device)
             .map_err(|e| bad(path, key, e.to_string()))?;
@@ -279,6 +293,18 @@ fn read_states(
             vs.push(get(&format!("{}/adam_v/{name}", m.name), like)?);
         }
         restored.push((params, ms, vs, mm.adam_t));
+    }
+    let found = crc.into_inner().finalize();
+    if found != meta.crc32 {
+        return Err(bad(
+            path,
+            "crc32",
+            format!(
+                "the tensors' checksum is {found:08x} but the checkpoint recorded {:08x}: the \
+                 file is corrupted",
+                meta.crc32
+            ),
+        ));
     }
     Ok(restored)
 }
