@@ -518,3 +518,38 @@ fn bad_uses_of_the_engine_verbs_exit_2_naming_what_is_wrong() {
     ]);
     assert!(!path.exists(), "nothing is written on bad input");
 }
+
+/// Sizes beyond what memory allows are refused up front, naming the flag and the limit.
+#[test]
+fn runaway_sizes_are_refused_naming_the_limit() {
+    refused(&[
+        (
+            "train --model clip-tiny --batch 100000000 --steps 1",
+            "--batch",
+        ),
+        (
+            "measure slots --model clip-tiny --batch 100000000",
+            "--batch",
+        ),
+        (
+            "measure profile --model clip-tiny --batch 100000000",
+            "--batch",
+        ),
+        (
+            "data write --model clip-tiny --out never.safetensors --steps 1000000000",
+            "--steps × --batch",
+        ),
+        (
+            "data write --model clip-tiny --out never.safetensors --batch 0",
+            "--batch",
+        ),
+        (
+            "measure colocations --model clip-tiny --count 100000000000 --out c.json",
+            "--count",
+        ),
+        (
+            "train template --model clip-tiny --gpus 4000000000",
+            "--gpus",
+        ),
+    ]);
+}

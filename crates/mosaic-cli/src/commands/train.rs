@@ -93,8 +93,8 @@ struct TemplateArgs {
     #[arg(long)]
     model: String,
     /// GPUs of the plan: the ranks `mpirun -np N mosaic train --plan` will run it on (1: one
-    /// process). Every module is replicated on all of them at quota 1.0.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    /// process; at most 65,536). Every module is replicated on all of them at quota 1.0.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     gpus: u32,
     /// Where to write the plan (default: standard output).
     #[arg(long, value_name = "FILE")]

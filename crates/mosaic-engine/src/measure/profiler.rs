@@ -134,8 +134,8 @@ impl Profiler {
         config: ProfileConfig,
         machine: Machine,
     ) -> Result<Profiler, EngineError> {
+        crate::models::data::check_batch(config.batch)?;
         for (setting, value) in [
-            ("--batch", config.batch),
             ("--reps", config.reps),
             ("--max-dp", config.max_dp),
         ] {

@@ -236,6 +236,29 @@ impl DataSource for TensorFile {
     }
 }
 
+/// The most samples in one step: a batch is built whole in memory on every rank, and the
+/// built-in models' activations are a few KiB a sample, so 65,536 samples already take GiBs.
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// The most samples [`write_batches`] writes: the file is built in memory first, about 1 KiB a
+/// sample for the built-in models, so about 1 GiB.
+pub const MAX_WRITTEN_SAMPLES: u64 = 1 << 20;
+
+/// Checks a batch size (`--batch`): at least 1 sample and at most [`MAX_BATCH`].
+pub fn check_batch(batch: usize) -> Result<(), EngineError> {
+    let message = if batch == 0 {
+        "expected at least 1 sample".to_string()
+    } else if batch > MAX_BATCH {
+        format!("{batch} samples is more than the {MAX_BATCH} a step may hold")
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::BadSetting {
+        setting: "--batch".into(),
+        message,
+    })
+}
+
 /// The batches `data` gives at data positions `0..steps`, `batch` samples each, one after the
 /// other in the format [`TensorFile::load`] reads, written to `path`: training on the file for
 /// `steps` steps of `batch` sees exactly the batches training on `data` would.
@@ -245,6 +268,17 @@ pub fn write_batches(
     batch: usize,
     path: &Path,
 ) -> Result<(), EngineError> {
+    check_batch(batch)?;
+    if steps.max(1).saturating_mul(batch as u64) > MAX_WRITTEN_SAMPLES {
+        return Err(EngineError::BadSetting {
+            setting: "--steps × --batch".into(),
+            message: format!(
+                "{} × {batch} samples is more than the {MAX_WRITTEN_SAMPLES} a data file may hold \
+                 (the whole file is built in memory first)",
+                steps.max(1)
+            ),
+        });
+    }
     let err = |e: candle_core::Error| EngineError::Data {
         file: path.to_path_buf(),
         field: "(file)".into(),

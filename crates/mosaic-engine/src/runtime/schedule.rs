@@ -110,12 +110,7 @@ impl Schedule {
         batch: usize,
         cores: usize,
     ) -> Result<Schedule, EngineError> {
-        if batch == 0 {
-            return Err(EngineError::BadSetting {
-                setting: "--batch".into(),
-                message: "expected at least 1 sample".into(),
-            });
-        }
+        crate::models::data::check_batch(batch)?;
         let resolved = plan.resolve(file, &graph(model))?;
         let mut stages = Vec::with_capacity(resolved.len());
         for (si, stage) in resolved.into_iter().enumerate() {

@@ -192,12 +192,7 @@ impl Trainer {
         config: TrainConfig,
         mut collective: Box<dyn Collective>,
     ) -> Result<Trainer, EngineError> {
-        if config.batch == 0 {
-            return Err(EngineError::BadSetting {
-                setting: "--batch".into(),
-                message: "expected at least 1 sample".into(),
-            });
-        }
+        crate::models::data::check_batch(config.batch)?;
         if !(config.adamw.lr.is_finite() && config.adamw.lr > 0.0) {
             return Err(EngineError::BadSetting {
                 setting: "--lr".into(),

@@ -17,9 +17,9 @@ use crate::commands::engine::engine;
 pub struct Args {
     #[command(flatten)]
     sweep: Sweep,
-    /// Colocations to draw and measure: 2 or more modules at random dp and quotas that fit
-    /// the machine together.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Colocations to draw and measure (1 to 100,000): 2 or more modules at random dp and
+    /// quotas that fit the machine together.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     count: u64,
     /// Where to write the mosaic-colocations/1 file.
     #[arg(long, value_name = "FILE")]
