@@ -25,7 +25,9 @@ pub struct Source {
     /// GPUs in the pool (default: the cluster's size; required with --profiles).
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// SM quota step: quotas are multiples of it.
+    /// SM quota step: quotas are multiples of it. Only for devices without an SM partition
+    /// rule: profiles whose device has one (`device.partition`) plan on its partitions
+    /// instead (k × 8 of 132 SMs on an H100, or the whole GPU alone).
     #[arg(long, default_value_t = 0.1)]
     pub granularity: f64,
 }

@@ -37,6 +37,8 @@ enum Command {
     Compare(commands::compare::Args),
     /// Execute a plan in the event-driven simulator (iteration time, utilisation, a Chrome trace, an SVG picture), or simulate colocations.
     Simulate(commands::simulate::Args),
+    /// Fit the analytical device model's constants to a measured profile (mosaic-calibration/1).
+    Calibrate(commands::calibrate::Args),
     /// Fit the interference coefficients to colocation measurements and report the model's accuracy.
     Fit(commands::fit::Args),
     /// Train a built-in engine model by a plan on this machine (needs the engine feature).
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => commands::compare::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
         Command::Fit(a) => commands::fit::run(a),
+        Command::Calibrate(a) => commands::calibrate::run(a),
         Command::Train(a) => commands::train::run(a),
         Command::Measure(a) => commands::measure::run(a),
         Command::Data(a) => commands::data::run(a),

@@ -184,6 +184,89 @@ fn fits_against_a_profile_file() {
     assert_eq!(r["fit"]["test_samples"], 6);
 }
 
+/// A shared measurement of one real H100 in `examples/` (`docs/reference.md`, "Measured on a
+/// real H100").
+fn h100_example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// The measured H100 files fit as they are: their quotas are SM partitions (80/132 written
+/// 0.6061), which the profile's partition rule makes the lookup grid. Eq. 8 explains little of
+/// them (co-located modules serialised on the host, README "The performance model"), and the
+/// fitted profile plans in whole partitions and no longer co-locates vision and text.
+#[test]
+fn fits_the_measured_h100_files_as_they_are() {
+    let d = dir("h100");
+    let (profile, colocations) = (
+        h100_example("h100-clip-profile.json"),
+        h100_example("h100-clip-colocations.json"),
+    );
+    let fitted = d.join("fitted.json");
+    let o = mosaic(&[
+        "fit",
+        "--profiles",
+        s(&profile),
+        "--colocations",
+        s(&colocations),
+        "--out",
+        s(&fitted),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let fit = &r["fit"];
+    assert_eq!(
+        (fit["samples"].as_u64(), fit["test_samples"].as_u64()),
+        (Some(40), Some(8))
+    );
+    // Co-located modules took about both modules' time: slowdowns far beyond Eq. 8's reach.
+    assert!(fit["mean_slowdown"].as_f64().unwrap() > 1.0, "{fit}");
+    let full = &fit["models"][2];
+    assert_eq!(full["model"], "full");
+    let e1 = full["interference"]["e1"].as_f64().unwrap();
+    assert!(e1 > 0.0, "{full}");
+    assert!(full["test"]["r2"].as_f64().unwrap() < 0.5, "{full}");
+
+    let plan = |p: &Path| {
+        let o = mosaic(&["plan", "--profiles", s(p), "--gpus", "1", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let sms = |plan: &Value| -> Vec<Vec<f64>> {
+        let stages = plan["stages"].as_array().unwrap();
+        stages
+            .iter()
+            .map(|st| {
+                let modules = st["modules"].as_array().unwrap();
+                modules
+                    .iter()
+                    .map(|m| m["sm"].as_f64().unwrap() * 132.0)
+                    .collect()
+            })
+            .collect()
+    };
+    // Measured alone, vision and text share the GPU in whole partitions of 8 SMs (at most
+    // the 128 a split hands out); with the fitted interference they run one after another.
+    let unaware = plan(&profile);
+    assert_eq!(unaware["granularity"], 0.060606);
+    let first = &sms(&unaware)[0];
+    assert_eq!(first.len(), 2, "{unaware}");
+    for n in first {
+        assert!(
+            (n - n.round()).abs() < 1e-3 && (n.round() as u32).is_multiple_of(8),
+            "{first:?}"
+        );
+    }
+    assert!(first.iter().sum::<f64>() <= 128.0 + 1e-3, "{first:?}");
+    let fitted_plan = plan(&fitted);
+    assert!(
+        sms(&fitted_plan).iter().all(|stage| stage.len() == 1),
+        "{fitted_plan}"
+    );
+}
+
 #[test]
 fn bad_colocations_exit_2_naming_the_field() {
     let d = dir("bad");

@@ -185,8 +185,9 @@ impl Default for CompareOptions {
     fn default() -> Self {
         CompareOptions {
             budget: Duration::from_millis(2000),
-            // One step's fixed host-side cost in eager PyTorch: the analytical device model's
-            // `launch_step_ms` (mosaic-zoo), itself an assumption stated there.
+            // One step's fixed host-side cost in eager PyTorch, assumed: the device model's
+            // per-step launch cost fitted to the H100 is 1.25 ms (`launch_step_ms`, mosaic-zoo),
+            // and a slice or a step also switches streams and communicators.
             slice_sync_ms: 2.0,
             step_overhead_ms: 2.0,
             global_batch: None,
@@ -315,6 +316,7 @@ pub(crate) mod testutil {
                 name: "gpu".to_string(),
                 sm_count: 100,
                 memory_gib,
+                partition: None,
             },
             modules,
             interference: Interference::default(),

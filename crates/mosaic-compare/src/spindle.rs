@@ -467,10 +467,10 @@ fn merge(a: &StageSpec, b: &StageSpec, whole: &[Vec<QuotaOption>]) -> StageSpec 
 ///   wave as GPUs free up — a module no longer waits for a barrier it does not depend on.
 /// - **σ, the cost of a slice** (default 2 ms, [`crate::CompareOptions::slice_sync_ms`]): a
 ///   slice is a separate step on its own group of GPUs, so it pays a step's fixed host-side cost
-///   again (loss/optimizer launches, stream and communicator switches — 2 ms is the analytical
-///   device model's `launch_step_ms` for eager PyTorch) plus the point-to-point hand-over of
-///   the boundary activations and their gradients between the two GPU groups, well below a
-///   millisecond on NVLink for these modules. Mosaic §2.2 names exactly this "coordination
+///   again (loss/optimizer launches, stream and communicator switches — 2 ms is assumed; the
+///   device model's per-step launch cost fitted to an H100 is 1.25 ms) plus the point-to-point
+///   hand-over of the boundary activations and their gradients between the two GPU groups, well
+///   below a millisecond on NVLink for these modules. Mosaic §2.2 names exactly this "coordination
 ///   overhead due to the frequent synchronization required between slices". A module starting
 ///   late in a merged stage is not sliced and pays no σ.
 /// - Dependencies hold because a stage's modules are independent and stages keep a

@@ -35,10 +35,16 @@ proptest! {
         modules in 2usize..=8,
         max_dp in prop_oneof![Just(1u32), Just(2), Just(4), Just(8)],
         gpus in 1u32..=16,
-        granularity in prop_oneof![Just(0.1), Just(0.25), Just(0.5)],
+        granularity in prop_oneof![Just(0.1), Just(0.25), Just(0.5), Just(0.0)],
         global_batch in prop_oneof![Just(None), Just(Some(16u32)), Just(Some(32))],
     ) {
-        let file = random_profiles(seed, modules, max_dp);
+        let mut file = random_profiles(seed, modules, max_dp);
+        if granularity == 0.0 {
+            // SM partitions: 100 SMs (the deciles are whole SMs) in partitions of 8, so quotas
+            // are 16, 24, …, 96 SMs shared and all 100 alone.
+            file.device.sm_count = 100;
+            file.device.partition = Some(mosaic_profile::SmGranularity { min_sms: 8, step_sms: 8 });
+        }
         let model = PerfModel::new(&file, granularity, "synthetic").unwrap();
         let opts = CompareOptions {
             budget: Duration::from_secs(60),

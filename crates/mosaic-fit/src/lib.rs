@@ -46,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+pub mod calibrate;
 mod error;
 mod nnls;
 mod observe;

@@ -10,7 +10,9 @@ use crate::error::FitError;
 
 /// The quota grid colocation samples are looked up on: build the [`PerfModel`] passed to
 /// [`observations`] with this granularity so that any quota that is a multiple of 1 % inside a
-/// module's profiled range (at a profiled dp) is a candidate.
+/// module's profiled range (at a profiled dp) is a candidate. A profile whose device has a
+/// partition rule ignores it: its grid is the device's SM partitions (and the whole GPU), which
+/// are exactly the quotas a colocation on that device can have measured (`0.6061` = 80/132).
 pub const LOOKUP_GRANULARITY: f64 = 0.01;
 
 /// One module of one colocation sample: what the performance model predicts for it and what
@@ -88,6 +90,11 @@ pub fn observations(
         ));
     }
     let upg = perf.units_per_gpu as f64;
+    // Files round quotas (80/132 as 0.6061): on an SM grid, a quota names the nearest SM count.
+    let tolerance = match perf.device.partition {
+        Some(_) => mosaic_profile::SM_QUOTA_TOLERANCE,
+        None => 1e-6,
+    };
     let mut out = Vec::new();
     for (k, s) in colocations.samples.iter().enumerate() {
         let mut rows = Vec::with_capacity(s.modules.len());
@@ -111,12 +118,12 @@ pub fn observations(
                 .options
                 .iter()
                 .find(|o| o.dp == m.dp && o.units as f64 == units)
-                .filter(|_| (units / upg - m.sm).abs() <= 1e-6);
+                .filter(|_| (units / upg - m.sm).abs() <= tolerance);
             let Some(o) = option else {
                 return Err(FitError::invalid(
                     file,
                     field,
-                    not_a_candidate(module, m.dp, m.sm, perf.granularity()),
+                    not_a_candidate(perf, module, m.dp, m.sm),
                 ));
             };
             rows.push((i, o.time_ms, o.bw_util, m));
@@ -139,8 +146,13 @@ pub fn observations(
     Ok(out)
 }
 
-/// Why (dp, sm) is not a candidate of `module`, and what is.
-fn not_a_candidate(module: &mosaic_profile::ModuleModel, dp: u32, sm: f64, step: f64) -> String {
+/// Why (dp, sm) is not a candidate of `module` of `perf`, and what is.
+fn not_a_candidate(
+    perf: &PerfModel,
+    module: &mosaic_profile::ModuleModel,
+    dp: u32,
+    sm: f64,
+) -> String {
     let mut dps: Vec<u32> = module.options.iter().map(|o| o.dp).collect();
     dps.dedup();
     let at_dp: Vec<f64> = module
@@ -162,9 +174,24 @@ fn not_a_candidate(module: &mosaic_profile::ModuleModel, dp: u32, sm: f64, step:
         )
     } else {
         let (lo, hi) = (at_dp[0], at_dp[at_dp.len() - 1]);
-        format!(
-            "{what}: at dp {dp} the candidate quotas are the multiples of {step} from {lo:.2} to \
-             {hi:.2}"
-        )
+        match perf.device.partition {
+            Some(rule) => {
+                let n = perf.device.sm_count;
+                format!(
+                    "{what}: on the device's {n} SMs in partitions of {} (at least {}), the \
+                     candidate quotas at dp {dp} are k × {}/{n} from {lo:.4} to {hi:.4} (1.0 \
+                     alone), each within {} of a whole SM count",
+                    rule.step_sms,
+                    rule.min_sms,
+                    rule.step_sms,
+                    mosaic_profile::SM_QUOTA_TOLERANCE
+                )
+            }
+            None => format!(
+                "{what}: at dp {dp} the candidate quotas are the multiples of {} from {lo:.2} to \
+                 {hi:.2}",
+                perf.granularity()
+            ),
+        }
     }
 }

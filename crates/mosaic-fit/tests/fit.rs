@@ -44,6 +44,7 @@ fn profile() -> ProfileFile {
             name: "gpu".into(),
             sm_count: 100,
             memory_gib: 80.0,
+            partition: None,
         },
         modules,
         interference: Interference::default(),
@@ -320,6 +321,81 @@ fn bad_colocations_name_the_field() {
     let mut c = good;
     c.device = "A100".into();
     assert_eq!(err(&c).field(), "device");
+}
+
+/// On a device with an SM partition rule the lookup grid is its partitions: quotas rounded in
+/// the file (80/132 as 0.6061) name their SM count; a quota between SM counts, or an SM count
+/// that is no partition, is no candidate.
+#[test]
+fn quotas_on_sm_partitions_are_looked_up_as_whole_sms() {
+    let sample = |sms: u32, time_ms: f64, bw_util: f64| Sample {
+        dp: 1,
+        sm: (sms as f64 / 132.0 * 1e4).round() / 1e4,
+        time_ms,
+        mem_gib: 4.0,
+        sm_util: 0.9,
+        bw_util,
+    };
+    let module = |name: &str| ModuleProfile {
+        name: name.into(),
+        after: vec![],
+        samples: vec![
+            sample(16, 400.0, 0.1),
+            sample(80, 120.0, 0.3),
+            sample(132, 80.0, 0.5),
+        ],
+    };
+    let p = ProfileFile {
+        format: FORMAT.into(),
+        device: Device {
+            name: "H100-SXM5-80GB".into(),
+            sm_count: 132,
+            memory_gib: 80.0,
+            partition: Some(mosaic_profile::SmGranularity {
+                min_sms: 8,
+                step_sms: 8,
+            }),
+        },
+        modules: vec![module("a"), module("b")],
+        interference: Interference::default(),
+        source: None,
+    };
+    let p = mosaic_profile::parse(&serde_json_text(&p), "p.json").unwrap();
+    let model = PerfModel::new(&p, LOOKUP_GRANULARITY, "p.json").unwrap();
+    assert_eq!(model.units_per_gpu, 132);
+    let pair = |a: f64, b: f64| ColocationFile {
+        format: COLOCATIONS_FORMAT.into(),
+        device: "H100-SXM5-80GB".into(),
+        source: None,
+        samples: vec![Colocation {
+            modules: vec![
+                ColocatedModule {
+                    name: "a".into(),
+                    dp: 1,
+                    sm: a,
+                    time_ms: 150.0,
+                },
+                ColocatedModule {
+                    name: "b".into(),
+                    dp: 1,
+                    sm: b,
+                    time_ms: 500.0,
+                },
+            ],
+        }],
+    };
+    let obs = observations(&model, &pair(0.6061, 0.1212), "c.json").unwrap();
+    assert_eq!((obs[0].base_ms, obs[1].base_ms), (120.0, 400.0));
+    assert!((obs[0].sum_bw() - 0.4).abs() < 1e-12);
+    // 48 SMs, between the profiled 16 and 80: interpolated, as the planner would.
+    let obs = observations(&model, &pair(48.0 / 132.0, 0.1212), "c.json").unwrap();
+    assert!((obs[0].base_ms - 260.0).abs() < 1e-9);
+    // 0.6 of 132 SMs is 79.2: no SM count; 84/132 is no partition of 8.
+    for bad in [0.6, 84.0 / 132.0] {
+        let e = observations(&model, &pair(bad, 0.1212), "c.json").unwrap_err();
+        assert_eq!(e.field(), "samples[0].modules[0]");
+        assert!(e.to_string().contains("partitions of 8"), "{e}");
+    }
 }
 
 #[test]

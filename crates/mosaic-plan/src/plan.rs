@@ -25,7 +25,9 @@ pub struct Plan {
     pub gpus: u32,
     /// The device the profiles describe.
     pub device: String,
-    /// Quota step as a fraction of a GPU.
+    /// Quota step as a fraction of a GPU: the `--granularity` the plan was solved at, or on a
+    /// device with an SM partition rule its step over its SMs (`8/132` = 0.060606 on an H100:
+    /// quotas are then whole partitions, k × 8 SMs over 132, or 1.0 for a module alone).
     pub granularity: f64,
     /// The built-in model the profiles describe, when planned from the zoo (`--model`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -83,6 +85,10 @@ impl Plan {
         solve_ms: f64,
     ) -> Plan {
         let g = model.granularity();
+        let granularity = match model.device.partition {
+            Some(_) => round(g, 6),
+            None => g,
+        };
         let stages: Vec<PlanStage> = stages
             .iter()
             .map(|s| {
@@ -100,14 +106,14 @@ impl Plan {
                         .map(|p| PlanModule {
                             name: model.modules[p.module].name.clone(),
                             dp: p.choice.dp,
-                            sm: round(p.choice.units as f64 * g, 6),
+                            sm: round(model.quota(p.choice.units), 6),
                             gpus: p.gpus.clone(),
                             time_ms: round(p.time_ms, 3),
                             base_ms: round(p.choice.time_ms, 3),
                             mem_gib: round(p.choice.mem_gib, 3),
                         })
                         .collect(),
-                    gpu_quota: quota.iter().map(|&u| round(u as f64 * g, 6)).collect(),
+                    gpu_quota: quota.iter().map(|&u| round(model.quota(u), 6)).collect(),
                 }
             })
             .collect();
@@ -118,7 +124,7 @@ impl Plan {
             solve_ms: round(solve_ms, 3),
             gpus,
             device: model.device.name.clone(),
-            granularity: g,
+            granularity,
             model: None,
             cluster: None,
             stages,

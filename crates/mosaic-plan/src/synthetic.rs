@@ -92,6 +92,7 @@ pub fn random_profiles(seed: u64, modules: usize, max_dp: u32) -> ProfileFile {
             name: "H100-SXM5-80GB".to_string(),
             sm_count: SYNTHETIC_SM_COUNT,
             memory_gib: SYNTHETIC_MEMORY_GIB,
+            partition: None,
         },
         modules: profiles,
         interference: Interference {

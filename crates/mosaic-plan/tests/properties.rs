@@ -23,7 +23,8 @@ use mosaic_plan::{
     StageAlloc, StageCache,
 };
 use mosaic_profile::{
-    Device, Interference, ModuleProfile, ModuleSet, PerfModel, ProfileFile, Sample, FORMAT,
+    Device, Interference, ModuleProfile, ModuleSet, PerfModel, ProfileFile, Sample, SmGranularity,
+    FORMAT,
 };
 use proptest::prelude::*;
 
@@ -93,7 +94,8 @@ fn oracle_stage_time(model: &PerfModel, gpus: u32, picks: &[Pick]) -> Option<f64
     let mut delta = vec![0.0f64; gpus as usize];
     for (g, d) in delta.iter_mut().enumerate() {
         let on: Vec<&Pick> = picks.iter().filter(|p| p.gpus >> g & 1 == 1).collect();
-        if on.iter().map(|p| p.units).sum::<u32>() > model.units_per_gpu {
+        let units: Vec<u32> = on.iter().map(|p| p.units).collect();
+        if !quotas_fit(model, &units) {
             return None;
         }
         if on.iter().map(|p| p.mem_gib).sum::<f64>() > model.device.memory_gib + 1e-9 {
@@ -114,6 +116,30 @@ fn oracle_stage_time(model: &PerfModel, gpus: u32, picks: &[Pick]) -> Option<f64
         stage = stage.max(p.time_ms * (1.0 + worst));
     }
     Some(stage)
+}
+
+/// Whether one GPU can hold quotas of `units` each, by the rule written out again: without a
+/// partition rule, at most `units_per_gpu` in all; with one (units are SMs), a module alone may
+/// hold the whole GPU, and modules sharing it hold allowed partitions (at least `min_sms`, a
+/// multiple of `step_sms`) that one split of the device can hand out (at most the largest
+/// multiple of `step_sms` within `sm_count`).
+fn quotas_fit(model: &PerfModel, units: &[u32]) -> bool {
+    match model.device.partition {
+        None => units.iter().sum::<u32>() <= model.units_per_gpu,
+        Some(rule) => {
+            let sms = model.device.sm_count;
+            assert_eq!(model.units_per_gpu, sms, "one unit is one SM");
+            match units {
+                [] => true,
+                [one] => *one <= sms,
+                many => {
+                    many.iter()
+                        .all(|&u| u >= rule.min_sms && u % rule.step_sms == 0)
+                        && many.iter().sum::<u32>() <= sms - sms % rule.step_sms
+                }
+            }
+        }
+    }
 }
 
 /// The optimal stage time of `set` by brute force: every option of every module (dp ≤ gpus)
@@ -299,7 +325,20 @@ fn arb_raw_file(max_modules: usize) -> impl Strategy<Value = (Vec<RawModule>, [u
     )
 }
 
+/// The device of [`raw_file`]s with a partition rule: 18 SMs in partitions of at least 4 and
+/// multiples of 4, so that a split hands out at most 16 and only a module alone gets all 18.
+const RAW_PARTITIONED_SMS: u32 = 18;
+
+/// SM counts of the quarters 1–4 of the partitioned raw device: whole SMs, off the grid of
+/// partitions but for 4 (so the grid's 8, 12 and 16 are interpolated) and 18 (the whole GPU).
+const RAW_QUARTER_SMS: [u32; 4] = [4, 9, 13, 18];
+
 fn raw_file(modules: &[RawModule], e: [usize; 3]) -> ProfileFile {
+    raw_file_on(modules, e, false)
+}
+
+/// [`raw_file`], on the partitioned 18-SM device when `partitioned`.
+fn raw_file_on(modules: &[RawModule], e: [usize; 3], partitioned: bool) -> ProfileFile {
     const COEF: [f64; 5] = [0.0, 0.05, 0.1, 0.5, 1.0];
     let modules = modules
         .iter()
@@ -307,7 +346,11 @@ fn raw_file(modules: &[RawModule], e: [usize; 3]) -> ProfileFile {
         .map(|(i, raw)| {
             let mut samples: Vec<Sample> = Vec::new();
             for &(dp, quarter, t, mem, bw) in raw {
-                let sm = quarter as f64 / 4.0;
+                let sm = if partitioned {
+                    RAW_QUARTER_SMS[quarter as usize - 1] as f64 / RAW_PARTITIONED_SMS as f64
+                } else {
+                    quarter as f64 / 4.0
+                };
                 if samples.iter().any(|s| s.dp == dp && s.sm == sm) {
                     continue;
                 }
@@ -331,8 +374,16 @@ fn raw_file(modules: &[RawModule], e: [usize; 3]) -> ProfileFile {
         format: FORMAT.to_string(),
         device: Device {
             name: "test".to_string(),
-            sm_count: 100,
+            sm_count: if partitioned {
+                RAW_PARTITIONED_SMS
+            } else {
+                100
+            },
             memory_gib: 80.0,
+            partition: partitioned.then_some(SmGranularity {
+                min_sms: 4,
+                step_sms: 4,
+            }),
         },
         modules,
         interference: Interference {
@@ -344,6 +395,7 @@ fn raw_file(modules: &[RawModule], e: [usize; 3]) -> ProfileFile {
     }
 }
 
+/// StageEval against brute force on a raw file; `granularity` 0 means the partitioned device.
 fn arbitrary_case(
     raw: &[RawModule],
     e: [usize; 3],
@@ -351,7 +403,7 @@ fn arbitrary_case(
     granularity: f64,
     set_bits: u64,
 ) -> Result<(), TestCaseError> {
-    let file = raw_file(raw, e);
+    let file = raw_file_on(raw, e, granularity == 0.0);
     let Some((_, model)) = model_of(&file, granularity) else {
         return Err(TestCaseError::reject(
             "a module has no option at this granularity",
@@ -365,8 +417,9 @@ fn arbitrary_case(
     stage_eval_agrees(&model, gpus, set)
 }
 
+/// Quota grids of the raw files: quarters, halves, or (0) the partitioned device's SMs.
 fn granularity() -> impl Strategy<Value = f64> {
-    prop_oneof![Just(0.25), Just(0.5)]
+    prop_oneof![Just(0.25), Just(0.5), Just(0.0)]
 }
 
 proptest! {
@@ -432,8 +485,44 @@ fn stage_eval_small_known_case() {
     assert!((oracle_stage(&model, 1, both).unwrap() - 89.0).abs() < 1e-9);
 }
 
+/// With SM partitions (18 SMs, partitions of 4): a module alone takes all 18 SMs, but two
+/// modules sharing the GPU get at most the 16 a split hands out, never 18 between them.
+#[test]
+fn stage_eval_respects_the_partition_rule() {
+    // 100 ms at 4 SMs, 20 ms at 18 (alone), linear in between: 4 → 100, 9 → 80, 13 → 60.
+    let raw: Vec<RawModule> = vec![
+        vec![
+            (1, 1, 10, 1, 0),
+            (1, 2, 8, 1, 0),
+            (1, 3, 6, 1, 0),
+            (1, 4, 2, 1, 0)
+        ];
+        2
+    ];
+    let (_, model) = model_of(&raw_file_on(&raw, [0, 0, 0], true), 0.1).unwrap();
+    assert_eq!(model.units_per_gpu, 18);
+    let sms: Vec<u32> = model.modules[0].options.iter().map(|o| o.units).collect();
+    assert_eq!(sms, vec![4, 8, 12, 16, 18]);
+    // Alone on one GPU: the whole 18 SMs.
+    let one = raw_problem(&model, 1);
+    let alone = stage_eval(&one, ModuleSet::single(0), f64::INFINITY).unwrap();
+    assert_eq!(alone.placements[0].choice.units, 18);
+    assert!((alone.time_ms - 20.0).abs() < 1e-9);
+    // Both on one GPU: 8 + 8 SMs (84 ms each; 9 → 80 and 4 → 100 interpolate 8 → 84), not
+    // 9 + 9, which are no partitions, and 16 in all.
+    let both = stage_eval(&one, ModuleSet::all(2), f64::INFINITY).unwrap();
+    let units: Vec<u32> = both.placements.iter().map(|p| p.choice.units).collect();
+    assert_eq!(units, vec![8, 8]);
+    assert!((both.time_ms - 84.0).abs() < 1e-9, "{both:#?}");
+    assert!((oracle_stage(&model, 1, ModuleSet::all(2)).unwrap() - 84.0).abs() < 1e-9);
+}
+
 /// A synthetic model with its memory and interference coefficients scaled, or `None` when a
 /// module no longer fits a GPU.
+///
+/// A `granularity` of 0 puts the model on a device with SM partitions instead: 100 SMs (so the
+/// synthetic deciles are whole SM counts) in partitions of 8 — 16, 24, …, 96 SMs shared, all
+/// 100 alone, as 128 and 132 on an H100.
 fn tightened_model(
     seed: u64,
     modules: usize,
@@ -443,6 +532,13 @@ fn tightened_model(
     interference_scale: f64,
 ) -> Option<(ProfileFile, PerfModel)> {
     let mut file = random_profiles(seed, modules, max_dp);
+    if granularity == 0.0 {
+        file.device.sm_count = 100;
+        file.device.partition = Some(SmGranularity {
+            min_sms: 8,
+            step_sms: 8,
+        });
+    }
     file.device.memory_gib = memory_gib;
     let e = &mut file.interference;
     e.e1 *= interference_scale;
@@ -461,7 +557,7 @@ proptest! {
     fn stage_eval_is_monotone_in_the_pool(
         seed in any::<u64>(),
         modules in 2usize..=5,
-        granularity in prop_oneof![Just(0.1), Just(0.25)],
+        granularity in prop_oneof![Just(0.1), Just(0.25), Just(0.0)],
         max_dp in prop_oneof![Just(2u32), Just(4), Just(8)],
         memory_gib in 40.0f64..80.0,
     ) {
@@ -570,7 +666,7 @@ fn check_plan_independently(file: &ProfileFile, model: &PerfModel, plan: &Plan) 
             );
         }
     }
-    let g = model.granularity();
+    let upg = model.units_per_gpu as f64;
     let e = model.interference;
     let mut total = 0.0;
     for (si, stage) in plan.stages.iter().enumerate() {
@@ -580,7 +676,13 @@ fn check_plan_independently(file: &ProfileFile, model: &PerfModel, plan: &Plan) 
             .iter()
             .map(|m| {
                 let i = model.index_of(&m.name).unwrap();
-                let units = (m.sm / g).round() as u32;
+                let units = (m.sm * upg).round() as u32;
+                assert!(
+                    (units as f64 / upg - m.sm).abs() < 1e-6,
+                    "{}: quota {}",
+                    m.name,
+                    m.sm
+                );
                 let o = *model.modules[i]
                     .options
                     .iter()
@@ -620,16 +722,23 @@ fn check_plan_independently(file: &ProfileFile, model: &PerfModel, plan: &Plan) 
             })
             .collect();
         for x in 0..n {
+            let on: Vec<u32> = stage
+                .modules
+                .iter()
+                .zip(&options)
+                .filter(|(m, _)| m.gpus.contains(&(x as u32)))
+                .map(|(_, o)| o.units)
+                .collect();
             assert!(
-                units[x] <= model.units_per_gpu,
-                "stage {si} GPU {x}: quota over 1"
+                quotas_fit(model, &on),
+                "stage {si} GPU {x}: quotas {on:?} do not fit"
             );
             assert!(
                 mem[x] <= model.device.memory_gib + 1e-9,
                 "stage {si} GPU {x}: {} GiB",
                 mem[x]
             );
-            assert!((stage.gpu_quota[x] - units[x] as f64 * g).abs() < 1e-6);
+            assert!((stage.gpu_quota[x] - units[x] as f64 / upg).abs() < 1e-6);
         }
         let mut slowest = 0.0f64;
         for (m, o) in stage.modules.iter().zip(&options) {
@@ -732,8 +841,10 @@ proptest! {
         max_dp in prop_oneof![Just(1u32), Just(2), Just(4), Just(8)],
         memory_gib in prop_oneof![2 => Just(80.0), 1 => 40.0f64..80.0],
         interference_scale in prop_oneof![2 => Just(1.0), 1 => Just(3.0)],
+        granularity in prop_oneof![2 => Just(0.1), 1 => Just(0.0)],
     ) {
-        let tightened = tightened_model(seed, modules, max_dp, 0.1, memory_gib, interference_scale);
+        let tightened =
+            tightened_model(seed, modules, max_dp, granularity, memory_gib, interference_scale);
         let Some((file, model)) = tightened else {
             return Err(TestCaseError::reject("a module does not fit the smaller memory"));
         };

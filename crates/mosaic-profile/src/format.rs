@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::partition::SmGranularity;
+
 /// The value of the `format` field this crate reads and writes.
 pub const FORMAT: &str = "mosaic-profiles/1";
 
@@ -33,6 +35,13 @@ pub struct Device {
     pub sm_count: u32,
     /// Memory per GPU in GiB: the capacity every GPU's placed modules must fit in.
     pub memory_gib: f64,
+    /// The SM partitions the device's execution slots can hold (CUDA green contexts: Hopper
+    /// `{"min_sms": 8, "step_sms": 8}`), when it has such a rule. With one, sample quotas are
+    /// whole SM counts over `sm_count` and the planner's quotas are the partitions a split
+    /// hands out (or the whole GPU for a module alone); without one, multiples of the
+    /// planner's `--granularity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<SmGranularity>,
 }
 
 /// One module of the model and its sampled scaling surface.

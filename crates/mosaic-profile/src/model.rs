@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::error::ProfileError;
 use crate::format::{Device, Interference, ProfileFile};
+use crate::validate::whole_sms;
 
 /// Most modules a model may have: module sets are 64-bit masks.
 pub const MAX_MODULES: usize = 64;
@@ -72,7 +73,8 @@ impl ModuleSet {
 pub struct QuotaOption {
     /// Data-parallel degree (a profiled one).
     pub dp: u32,
-    /// Quota per replica in units of the granularity (1..=units per GPU).
+    /// Quota per replica in quota units (1..=units per GPU): multiples of the granularity, or
+    /// SMs on a device with a partition rule.
     pub units: u32,
     /// Quota per replica as a fraction of the GPU.
     pub sm: f64,
@@ -108,7 +110,8 @@ pub struct PerfModel {
     pub device: Device,
     /// Interference coefficients of Eq. 8.
     pub interference: Interference,
-    /// Quota units per GPU: 1 / granularity.
+    /// Quota units per GPU: 1 / granularity, or the device's `sm_count` when it has a
+    /// partition rule (one unit is one SM).
     pub units_per_gpu: u32,
     /// The modules, in file order.
     pub modules: Vec<ModuleModel>,
@@ -117,26 +120,43 @@ pub struct PerfModel {
 }
 
 impl PerfModel {
-    /// Builds the model of a validated profile file with quotas in multiples of `granularity`.
+    /// Builds the model of a validated profile file.
     ///
-    /// Quotas are interpolated linearly between profiled quotas at the same `dp` and never
-    /// extrapolated; `dp` values that were not profiled are not candidates. Fails, naming
-    /// `file` and the field, when the granularity does not divide 1 or a module fits on no GPU.
+    /// The quota grid is the device's when its profile has a partition rule
+    /// (`device.partition`): one quota unit is one SM (`units_per_gpu` = `sm_count`), and the
+    /// candidate quotas are [`quota_sms`](crate::SmGranularity::quota_sms) — the partitions a split hands out
+    /// (multiples of `step_sms` from `min_sms` up to ⌊sm_count/step⌋·step: 128 of an H100's
+    /// 132) and the whole GPU. Since every GPU holds `sm_count` units, a module at the whole
+    /// GPU is alone on it, and modules sharing one get at most what a split can hand out; the
+    /// `granularity` argument is then ignored. Without a rule, quotas are the multiples of
+    /// `granularity`. Quotas are interpolated linearly between profiled quotas at the same
+    /// `dp` (sample quotas of a partitioned device read as whole SM counts, so that 16/132
+    /// written `0.1212` is exactly the grid's 16 SMs) and never extrapolated; `dp` values that
+    /// were not profiled are not candidates. Fails, naming `file` and the field, when the
+    /// granularity does not divide 1 (without a rule), a sample quota is no whole SM count
+    /// (with one), or a module fits on no GPU.
     pub fn new(
         p: &ProfileFile,
         granularity: f64,
         file: impl AsRef<Path>,
     ) -> Result<Self, ProfileError> {
         let file = file.as_ref();
-        let units = (1.0 / granularity).round();
-        if !(granularity > 0.0 && granularity <= 1.0) || (units * granularity - 1.0).abs() > 1e-9 {
-            return Err(ProfileError::invalid(
-                file,
-                "granularity",
-                format!("expected a quota step in (0, 1] that divides 1 (e.g. 0.1, 0.05), found {granularity}"),
-            ));
-        }
-        let units = units as u32;
+        let (units, grid) = match p.device.partition {
+            Some(rule) => (p.device.sm_count, rule.quota_sms(p.device.sm_count)),
+            None => {
+                let units = (1.0 / granularity).round();
+                if !(granularity > 0.0 && granularity <= 1.0)
+                    || (units * granularity - 1.0).abs() > 1e-9
+                {
+                    return Err(ProfileError::invalid(
+                        file,
+                        "granularity",
+                        format!("expected a quota step in (0, 1] that divides 1 (e.g. 0.1, 0.05), found {granularity}"),
+                    ));
+                }
+                (units as u32, (1..=units as u32).collect())
+            }
+        };
         let index: BTreeMap<&str, usize> = p
             .modules
             .iter()
@@ -163,7 +183,16 @@ impl PerfModel {
         }
         let mut modules = Vec::with_capacity(p.modules.len());
         for (i, m) in p.modules.iter().enumerate() {
-            let options: Vec<QuotaOption> = surface(&m.samples, units)
+            let mut samples = m.samples.clone();
+            if p.device.partition.is_some() {
+                for (k, s) in samples.iter_mut().enumerate() {
+                    let sms = whole_sms(s.sm, &p.device, file, || {
+                        format!("modules[{i}].samples[{k}].sm")
+                    })?;
+                    s.sm = sms as f64 / units as f64;
+                }
+            }
+            let options: Vec<QuotaOption> = surface(&samples, &grid, units)
                 .into_iter()
                 .filter(|o| o.mem_gib <= p.device.memory_gib)
                 .collect();
@@ -173,8 +202,10 @@ impl PerfModel {
                     format!("modules[{i}].samples"),
                     format!(
                         "module \"{}\" fits on no GPU: every sample needs more than the device's {} GiB \
-                         or lies below the smallest quota step {granularity}",
-                        m.name, p.device.memory_gib
+                         or lies below the smallest quota {}",
+                        m.name,
+                        p.device.memory_gib,
+                        grid[0] as f64 / units as f64
                     ),
                 ));
             }
@@ -194,9 +225,19 @@ impl PerfModel {
         })
     }
 
-    /// Quota step as a fraction of a GPU.
+    /// The quota step as a fraction of a GPU: the granularity the model was built with, or on
+    /// a device with a partition rule `step_sms / sm_count` (its quotas are multiples of it,
+    /// or the whole GPU).
     pub fn granularity(&self) -> f64 {
-        1.0 / self.units_per_gpu as f64
+        match self.device.partition {
+            Some(rule) => rule.step_sms as f64 / self.device.sm_count as f64,
+            None => 1.0 / self.units_per_gpu as f64,
+        }
+    }
+
+    /// The quota, as a fraction of a GPU, of `units` quota units.
+    pub fn quota(&self, units: u32) -> f64 {
+        units as f64 / self.units_per_gpu as f64
     }
 
     /// Index of the module called `name`.
@@ -228,9 +269,9 @@ fn topological_order(parents: &[ModuleSet]) -> Vec<usize> {
     order
 }
 
-/// Candidate options of one module on the quota grid: for every profiled dp, every multiple of
-/// 1/units inside that dp's profiled quota range, interpolated linearly in the quota.
-fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
+/// Candidate options of one module on the quota grid: for every profiled dp, every grid point
+/// `u / units` inside that dp's profiled quota range, interpolated linearly in the quota.
+fn surface(samples: &[crate::format::Sample], grid: &[u32], units: u32) -> Vec<QuotaOption> {
     let mut by_dp: BTreeMap<u32, Vec<&crate::format::Sample>> = BTreeMap::new();
     for s in samples {
         by_dp.entry(s.dp).or_default().push(s);
@@ -238,7 +279,7 @@ fn surface(samples: &[crate::format::Sample], units: u32) -> Vec<QuotaOption> {
     let mut out = Vec::new();
     for (dp, mut row) in by_dp {
         row.sort_by(|a, b| a.sm.total_cmp(&b.sm));
-        for u in 1..=units {
+        for &u in grid {
             let a = u as f64 / units as f64;
             // The segment [lo, hi] of profiled quotas that contains a (tolerating float noise).
             let eps = 1e-9;
@@ -298,7 +339,7 @@ mod tests {
             sample(1, 0.6, 60.0),
             sample(2, 1.0, 10.0),
         ];
-        let opts = surface(&s, 10);
+        let opts = surface(&s, &(1..=10).collect::<Vec<_>>(), 10);
         let at = |dp, u| opts.iter().find(|o| o.dp == dp && o.units == u).copied();
         assert!(at(1, 1).is_none(), "0.1 is below the profiled 0.2");
         assert_eq!(at(1, 2).unwrap().time_ms, 100.0);

@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::error::ProfileError;
 use crate::format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
 use crate::model::MAX_MODULES;
+use crate::partition::{quota_to_sms, SM_QUOTA_TOLERANCE};
 
 /// Reads and validates the profile file at `path`.
 pub fn load(path: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
@@ -93,7 +94,7 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
     let index = index_names(p, file)?;
     for (i, m) in p.modules.iter().enumerate() {
         check_after(i, m, &index, file)?;
-        check_samples(i, m, file)?;
+        check_samples(i, m, &p.device, file)?;
     }
     check_interference(&p.interference, file)?;
     check_acyclic(p, &index, file)
@@ -112,7 +113,25 @@ fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
         file,
         || "device.memory_gib".into(),
         "expected a positive, finite capacity in GiB",
-    )
+    )?;
+    if let Some(g) = d.partition {
+        check(
+            g.min_sms >= 1 && g.step_sms >= 1,
+            file,
+            || "device.partition".into(),
+            "expected min_sms and step_sms of at least 1",
+        )?;
+        check(
+            g.largest_within(d.sm_count).is_some(),
+            file,
+            || "device.partition".into(),
+            &format!(
+                "a partition of at least {} SMs does not fit the device's {} SMs",
+                g.min_sms, d.sm_count
+            ),
+        )?;
+    }
+    Ok(())
 }
 
 /// Checks that there is at least one module and no more than `MAX_MODULES`.
@@ -190,8 +209,9 @@ fn check_after(
     Ok(())
 }
 
-/// Checks that module `i` has samples, each in range and at a distinct (dp, sm) point.
-fn check_samples(i: usize, m: &ModuleProfile, file: &Path) -> Result<(), ProfileError> {
+/// Checks that module `i` has samples, each in range and at a distinct (dp, sm) point; on a
+/// device with a partition rule, every quota must be a whole number of SMs.
+fn check_samples(i: usize, m: &ModuleProfile, d: &Device, file: &Path) -> Result<(), ProfileError> {
     check(
         !m.samples.is_empty(),
         file,
@@ -201,14 +221,40 @@ fn check_samples(i: usize, m: &ModuleProfile, file: &Path) -> Result<(), Profile
     let mut grid = HashSet::new();
     for (k, s) in m.samples.iter().enumerate() {
         check_sample_ranges(s, file, |name| format!("modules[{i}].samples[{k}].{name}"))?;
+        let point = match d.partition {
+            Some(_) => whole_sms(s.sm, d, file, || format!("modules[{i}].samples[{k}].sm"))? as i64,
+            None => (s.sm * 1e6).round() as i64,
+        };
         check(
-            grid.insert((s.dp, (s.sm * 1e6).round() as i64)),
+            grid.insert((s.dp, point)),
             file,
             || format!("modules[{i}].samples[{k}]"),
             &format!("duplicate sample at dp {} sm {}", s.dp, s.sm),
         )?;
     }
     Ok(())
+}
+
+/// The whole number of SMs quota `sm` stands for on device `d` (within
+/// [`SM_QUOTA_TOLERANCE`]), or an error on `field` saying what it is instead.
+pub(crate) fn whole_sms(
+    sm: f64,
+    d: &Device,
+    file: &Path,
+    field: impl FnOnce() -> String,
+) -> Result<u32, ProfileError> {
+    quota_to_sms(sm, d.sm_count).ok_or_else(|| {
+        ProfileError::invalid(
+            file,
+            field(),
+            format!(
+                "the device has a partition rule, so quotas are whole SM counts over its {n} SMs \
+                 (k/{n}, within {SM_QUOTA_TOLERANCE}); {sm} is {:.3} SMs",
+                sm * d.sm_count as f64,
+                n = d.sm_count
+            ),
+        )
+    })
 }
 
 /// Checks each field of one sample against its range; `f` names a field in errors.
@@ -495,6 +541,59 @@ mod tests {
             assert_eq!(e.field(), Some("granularity"));
         }
         assert!(crate::PerfModel::new(&p, 0.05, "ok.json").is_ok());
+    }
+
+    /// `valid()` on a device with Hopper's partition rule and quotas at whole SMs.
+    fn partitioned() -> serde_json::Value {
+        let mut v = valid();
+        v["device"]["partition"] = serde_json::json!({"min_sms": 8, "step_sms": 8});
+        v["modules"][0]["samples"][0]["sm"] = 0.4848.into(); // 64 / 132, as files round it
+        v
+    }
+
+    #[test]
+    fn a_partition_rule_parses_and_needs_whole_sm_quotas() {
+        let p = parse(&partitioned().to_string(), "ok.json").unwrap();
+        assert_eq!(
+            p.device.partition,
+            Some(crate::SmGranularity {
+                min_sms: 8,
+                step_sms: 8
+            })
+        );
+        // 0.5 of 132 is 66 SMs: a whole number, accepted (the planner interpolates from it).
+        let mut v = partitioned();
+        v["modules"][0]["samples"][0]["sm"] = 0.5.into();
+        assert!(parse(&v.to_string(), "ok.json").is_ok());
+        // 0.1 of 132 is 13.2 SMs: refused, naming the field.
+        let mut v = partitioned();
+        v["modules"][0]["samples"][0]["sm"] = 0.1.into();
+        let (field, text) = error_of(v);
+        assert_eq!(field, "modules[0].samples[0].sm");
+        assert!(text.contains("13.200 SMs"), "{text}");
+        // 16/132 written twice, rounded differently, is one sample point.
+        let mut v = partitioned();
+        v["modules"][0]["samples"][0]["sm"] = 0.1212.into();
+        v["modules"][0]["samples"][1]["sm"] = (16.0 / 132.0).into();
+        assert_eq!(error_of(v).0, "modules[0].samples[1]");
+    }
+
+    #[test]
+    fn a_bad_partition_rule_is_refused() {
+        for bad in [
+            serde_json::json!({"min_sms": 0, "step_sms": 8}),
+            serde_json::json!({"min_sms": 8, "step_sms": 0}),
+            serde_json::json!({"min_sms": 256, "step_sms": 8}),
+        ] {
+            let mut v = partitioned();
+            v["device"]["partition"] = bad;
+            assert_eq!(error_of(v).0, "device.partition");
+        }
+        let mut v = partitioned();
+        v["device"]["partition"] = serde_json::json!({"min_sms": 8, "step": 8});
+        let (field, text) = error_of(v);
+        assert!(field.starts_with("device.partition"), "{field}");
+        assert!(text.contains("unknown field `step`"), "{text}");
     }
 
     #[test]

@@ -25,9 +25,11 @@ pub const MAX_COLOCATED: usize = 8;
 ///   f_m(dp, sm) by an amount that has nothing to do with co-location and that Eq. 8 could
 ///   only absorb as a spurious e1. At dp 1 there is no all-reduce and the simulator's time
 ///   alone is exactly the profile's, so measured / f_m − 1 is pure contention;
-/// - a total quota uniform in `k..=units per GPU` units (the model's quota step: 0.1 at the
-///   CLI's granularity), split uniformly at random into `k` positive parts, each of which must
-///   be a candidate of its module (redrawn otherwise).
+/// - a total quota uniform in `k..=` the steps one GPU holds (the model's quota step: 0.1 at
+///   the CLI's granularity; on a device with an SM partition rule, its `step_sms` SMs, up to
+///   what a split hands out: 16 steps of 8 of an H100's 132 SMs), split uniformly at random
+///   into `k` positive parts, each of which must be a candidate of its module (redrawn
+///   otherwise).
 ///
 /// Samples for which no valid draw is found in 100 tries (e.g. nothing but one module fits a
 /// GPU's memory) are skipped, so the file may hold fewer than `n` samples.
@@ -43,6 +45,14 @@ pub fn random_colocations(
 ) -> ColocationFile {
     let mut rng = SplitMix64::new(seed);
     let upg = profiles.units_per_gpu;
+    // Quota units per drawn step, and the steps a GPU's co-located modules can share.
+    let (step, steps) = match profiles.device.partition {
+        Some(rule) => (
+            rule.step_sms.max(1),
+            rule.largest_within(upg).unwrap_or(0) / rule.step_sms.max(1),
+        ),
+        None => (1, upg),
+    };
     let mem_cap = profiles.device.memory_gib;
     // Modules with a dp-1 candidate: (index in the profiles, index in the model, options).
     let pool: Vec<(usize, usize, Vec<QuotaOption>)> = profiles
@@ -60,7 +70,7 @@ pub fn random_colocations(
         })
         .filter(|p| !p.2.is_empty())
         .collect();
-    let k_max = MAX_COLOCATED.min(pool.len()).min(upg as usize);
+    let k_max = MAX_COLOCATED.min(pool.len()).min(steps as usize);
     let mut samples = Vec::with_capacity(n);
     if k_max < 2 {
         return file(profiles, model, cluster, n, seed, samples);
@@ -77,7 +87,8 @@ pub fn random_colocations(
             }
             u -= w;
         }
-        if let Some(picks) = (0..100).find_map(|_| draw(&mut rng, &pool, k, upg, mem_cap)) {
+        if let Some(picks) = (0..100).find_map(|_| draw(&mut rng, &pool, k, (step, steps), mem_cap))
+        {
             let placements: Vec<(usize, u32, f64)> =
                 picks.iter().map(|&(p, o)| (pool[p].1, 1, o.sm)).collect();
             let times = crate::colocate(model, cluster, &placements);
@@ -98,18 +109,19 @@ pub fn random_colocations(
     file(profiles, model, cluster, n, seed, samples)
 }
 
-/// One try at a colocation of `k` modules of `pool`: (pool index, its dp-1 option) each.
+/// One try at a colocation of `k` modules of `pool`: (pool index, its dp-1 option) each;
+/// quotas are drawn in `(step, steps)`: `steps` steps of `step` units to share.
 fn draw(
     rng: &mut SplitMix64,
     pool: &[(usize, usize, Vec<QuotaOption>)],
     k: usize,
-    upg: u32,
+    (step, steps): (u32, u32),
     mem_cap: f64,
 ) -> Option<Vec<(usize, QuotaOption)>> {
     let mut order: Vec<usize> = (0..pool.len()).collect();
     rng.shuffle(&mut order);
     let chosen = &order[..k];
-    let total = rng.range(k, upg as usize);
+    let total = rng.range(k, steps as usize);
     // k − 1 distinct cut points in 1..total split it into k positive parts.
     let mut cuts: Vec<usize> = (1..total).collect();
     rng.shuffle(&mut cuts);
@@ -120,7 +132,7 @@ fn draw(
     let mut picks = Vec::with_capacity(k);
     let mut mem = 0.0;
     for (j, &p) in chosen.iter().enumerate() {
-        let units = (cuts[j + 1] - cuts[j]) as u32;
+        let units = (cuts[j + 1] - cuts[j]) as u32 * step;
         let o = *pool[p].2.iter().find(|o| o.units == units)?;
         mem += o.mem_gib;
         picks.push((p, o));
@@ -200,6 +212,46 @@ mod tests {
         assert!(counts[2..=8].iter().all(|&c| c > 0), "{counts:?}");
     }
 
+    /// On a profile with the device's SM partitions (dp 1, sampled at every quota of the H100's
+    /// grid), colocations are drawn in whole partitions of 8 SMs, at most the 128 a split
+    /// hands out, each a candidate of its module.
+    #[test]
+    fn colocations_on_sm_partitions_are_whole_partitions() {
+        let model = mosaic_zoo::model("ofasys").unwrap();
+        let cluster = mosaic_zoo::cluster("h100x8").unwrap();
+        let cal = mosaic_zoo::Calibration::default();
+        let mut file = mosaic_zoo::profile(&model, &cluster);
+        file.device = cluster.device.profile_device();
+        for (i, m) in file.modules.iter_mut().enumerate() {
+            m.samples = cluster
+                .device
+                .quota_grid()
+                .iter()
+                .map(|&sm| cal.estimate(&model, i, &cluster, 1, sm).sample())
+                .collect();
+        }
+        let perf = PerfModel::new(&file, 0.1, "p").unwrap();
+        assert_eq!(perf.units_per_gpu, 132);
+        let c = random_colocations(&model, &cluster, &perf, 60, 7);
+        assert!(c.samples.len() >= 50, "{} samples", c.samples.len());
+        for s in &c.samples {
+            let sms: Vec<f64> = s.modules.iter().map(|m| m.sm * 132.0).collect();
+            assert!(
+                sms.iter()
+                    .all(|n| (n - n.round()).abs() < 1e-9 && (n.round() as u32).is_multiple_of(8)),
+                "{sms:?}"
+            );
+            assert!(sms.iter().sum::<f64>() <= 128.0 + 1e-9, "{sms:?}");
+        }
+        assert!(c.samples.iter().any(|s| s.modules.len() >= 4));
+        // Every quota is a candidate of its module, as the fit looks it up.
+        for m in c.samples.iter().flat_map(|s| &s.modules) {
+            let units = (m.sm * 132.0).round() as u32;
+            let module = &perf.modules[perf.index_of(&m.name).unwrap()];
+            assert!(module.options.iter().any(|o| o.dp == 1 && o.units == units));
+        }
+    }
+
     #[test]
     fn a_module_alone_would_be_its_profile_and_contention_slows_heavy_pairs() {
         let (model, cluster, perf) = setup();
@@ -210,12 +262,14 @@ mod tests {
             .iter()
             .position(|m| m.name == "video")
             .unwrap();
-        let t = crate::colocate(&model, &cluster, &[(text, 1, 0.5), (video, 1, 0.5)]);
+        // 64 of 132 SMs each: half a GPU as green contexts grant it.
+        let half = 64.0 / 132.0;
+        let t = crate::colocate(&model, &cluster, &[(text, 1, half), (video, 1, half)]);
         let alone = |name: &str| {
             let m = &perf.modules[perf.index_of(name).unwrap()];
             m.options
                 .iter()
-                .find(|o| o.dp == 1 && o.units == 5)
+                .find(|o| o.dp == 1 && o.units == 64)
                 .unwrap()
                 .time_ms
         };

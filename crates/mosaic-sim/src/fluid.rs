@@ -10,6 +10,7 @@ use mosaic_plan::Assignment;
 
 use crate::report::{GpuReport, Slice, TimelinePoint};
 use crate::work::{hbm_bandwidth, Work};
+use crate::SimOptions;
 use stage::StageRun;
 
 /// A stage: the plan's resolved modules, started together.
@@ -86,6 +87,9 @@ struct Pool<'a> {
     ib_nic: f64,
     /// Capacity of every network resource, bytes/s.
     net_capacity: Vec<f64>,
+    /// κ of the compute contention between replicas computing on one GPU
+    /// ([`crate::SimOptions::compute_contention`]).
+    compute_contention: f64,
 }
 
 impl Outcome {
@@ -139,13 +143,14 @@ impl Outcome {
 }
 
 impl<'a> Pool<'a> {
-    /// The first `pool` GPUs of `cluster`.
+    /// The first `pool` GPUs of `cluster`, with the device model and contention of `opts`.
     fn new(
-        cal: &'a Calibration,
+        opts: &'a SimOptions,
         model: &'a ModelSpec,
         cluster: &'a ClusterSpec,
         pool: u32,
     ) -> Self {
+        let cal = &opts.calibration;
         let g = pool as usize;
         let gpn = cluster.gpus_per_node.max(1);
         let nodes = pool.div_ceil(gpn) as usize;
@@ -163,6 +168,7 @@ impl<'a> Pool<'a> {
             nvlink_bus,
             ib_nic,
             net_capacity,
+            compute_contention: opts.compute_contention,
         }
     }
 
@@ -193,15 +199,16 @@ impl<'a> Pool<'a> {
     }
 }
 
-/// Runs `stages` one after another on the first `pool` GPUs of `cluster`.
+/// Runs `stages` one after another on the first `pool` GPUs of `cluster`, with the device
+/// model and compute contention of `opts`.
 pub(crate) fn run(
-    cal: &Calibration,
+    opts: &SimOptions,
     model: &ModelSpec,
     cluster: &ClusterSpec,
     stages: &[Vec<Assignment>],
     pool: u32,
 ) -> Outcome {
-    let pool = Pool::new(cal, model, cluster, pool);
+    let pool = Pool::new(opts, model, cluster, pool);
     let mut out = Outcome {
         stages: Vec::new(),
         slices: Vec::new(),
@@ -226,11 +233,12 @@ pub(crate) fn run(
 
 #[cfg(test)]
 mod tests {
-    use mosaic_zoo::{Calibration, ClusterSpec, ModelSpec};
+    use mosaic_zoo::{ClusterSpec, ModelSpec};
 
     use mosaic_plan::Assignment;
 
     use super::run;
+    use crate::SimOptions;
 
     fn zoo(model: &str, cluster: &str) -> (ModelSpec, ClusterSpec) {
         (
@@ -257,7 +265,7 @@ mod tests {
             gpus: gpus.to_vec(),
         };
         let placements = if twice { vec![p.clone(), p] } else { vec![p] };
-        let out = run(&Calibration::default(), &m, &c, &[placements], c.gpus());
+        let out = run(&SimOptions::default(), &m, &c, &[placements], c.gpus());
         out.stages[0]
             .modules
             .iter()

@@ -24,6 +24,11 @@
 //!   compute rate, at most `BW × min(1, a / a_sat)`, what its quota's SMs can reach; a memory
 //!   segment asks for that cap. It then progresses at the roofline of its compute rate and its
 //!   share. SMs are not shared: green contexts partition them.
+//! - *Compute contention*: what green contexts do not partition — clocks, L2 — slows
+//!   replicas computing side by side: a matmul segment runs at its compute rate over
+//!   `1 + κ·A`, `A` the SM quotas of the other replicas running matmul segments on its GPU at
+//!   the time, κ = [`COMPUTE_CONTENTION`] (calibrated on two GEMM loops measured on an H100:
+//!   +27 % at half a GPU each; `SimOptions::compute_contention`).
 //! - *Launch floor*: the host releases chunk `k` of `n` at `start + k·L/n` and the replica ends
 //!   no earlier than `start + L`; a replica that outruns its host waits, idle.
 //! - *All-reduce*: when every replica of a module has finished its step, a ring all-reduce: a
@@ -37,13 +42,14 @@
 //! - *Stages*: a stage ends when its slowest module's all-reduce ends; the next stage starts
 //!   then on the whole pool (a barrier).
 //!
-//! **Simplifications**, on purpose: HBM bandwidth is the only shared on-GPU resource (no L2,
-//! no SM-level interference); an all-reduce uses no SMs or HBM bandwidth and starts only after
-//! the whole step, so none of it hides behind the backward pass (the device model hides
-//! `comm_overlap` = half of it, so the simulator is slower there by design); the optimizer
-//! step is part of the step, before the reduction; no PCIe, data-loading or host contention
-//! (each GPU's host thread is independent); identical replicas co-located start in lockstep
-//! and collide in every memory segment (the worst case). [`SimReport`] defines the measures.
+//! **Simplifications**, on purpose: on-GPU sharing is HBM bandwidth and one compute-contention
+//! factor, linear in the neighbours' SMs (no model of L2 capacity or of clocks by power); an
+//! all-reduce uses no SMs or HBM bandwidth and starts only after the whole step, so none of it
+//! hides behind the backward pass (the device model hides `comm_overlap` = half of it, so the
+//! simulator is slower there by design); the optimizer step is part of the step, before the
+//! reduction; no PCIe, data-loading or host contention (each GPU's host thread is
+//! independent); identical replicas co-located start in lockstep and collide in every memory
+//! segment (the worst case). [`SimReport`] defines the measures.
 //!
 //! ```
 //! let model = mosaic_zoo::model("clip")?;
@@ -97,11 +103,26 @@ pub use trace::chrome_trace;
 
 use report::relative;
 
+/// κ, the compute contention of replicas computing side by side on one GPU: a matmul segment
+/// runs `1 + κ·A` times slower while replicas holding a fraction `A` of the GPU's SMs run
+/// matmul segments beside it. Measured on a real H100 (`docs/reference.md`, "Measured on a
+/// real H100"): two loops of 150 bf16 4096³ GEMMs, one per 64-SM green context, took 67 ms
+/// together against 53 ms each alone — +26.4 % beside 64/132 of the SMs, from the clocks, L2
+/// and HBM that green contexts do not partition (GEMMs that size barely touch HBM, so the
+/// simulator's bandwidth sharing alone predicts no slowdown). κ = (67/53 − 1) / (64/132) ≈
+/// 0.545; two compute-bound replicas at 0.5 + 0.5 slow by 27 %. A constant of the simulator's
+/// ground truth, not of the zoo's [`Calibration`] (the planner's device model, which predicts
+/// modules alone).
+pub const COMPUTE_CONTENTION: f64 = (67.0 / 53.0 - 1.0) / (64.0 / 132.0);
+
 /// Settings of a simulation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimOptions {
     /// The device model the ground truth takes its work and constants from.
     pub calibration: Calibration,
+    /// κ of the compute contention between replicas on one GPU ([`COMPUTE_CONTENTION`] by
+    /// default; 0 turns it off, leaving HBM bandwidth the only shared resource).
+    pub compute_contention: f64,
     /// Bins of [`SimReport::timeline`].
     pub timeline_bins: usize,
 }
@@ -110,6 +131,7 @@ impl Default for SimOptions {
     fn default() -> Self {
         SimOptions {
             calibration: Calibration::default(),
+            compute_contention: COMPUTE_CONTENTION,
             timeline_bins: 100,
         }
     }
@@ -138,7 +160,7 @@ pub fn simulate_with(
     let file = file.as_ref();
     let cal = &opts.calibration;
     let stages = validate::resolve(plan, file, model, cluster, cal)?;
-    let out = fluid::run(cal, model, cluster, &stages, plan.gpus);
+    let out = fluid::run(opts, model, cluster, &stages, plan.gpus);
 
     let stage_reports = stage_reports(&out, plan);
     let gpus = out.gpu_reports(cluster.gpus_per_node);
@@ -227,7 +249,7 @@ pub fn colocate(
     cluster: &ClusterSpec,
     placements: &[(usize, u32, f64)],
 ) -> Vec<f64> {
-    let cal = Calibration::default();
+    let opts = SimOptions::default();
     validate::check_cluster(cluster).expect("a cluster with positive bandwidths");
     let total: f64 = placements.iter().map(|p| p.2).sum();
     assert!(total <= 1.0 + 1e-6, "quotas add up to {total} > 1 on GPU 0");
@@ -250,7 +272,7 @@ pub fn colocate(
         })
         .collect();
     let pool = placements.iter().map(|p| p.1).max().unwrap_or(1);
-    let out = fluid::run(&cal, model, cluster, &[stage], pool);
+    let out = fluid::run(&opts, model, cluster, &[stage], pool);
     out.stages[0]
         .modules
         .iter()

@@ -109,11 +109,12 @@ impl Work {
             .collect()
     }
 
-    /// Time of `seg` with HBM share `share` (bytes/s): the roofline of the quota's compute
-    /// rate and the share.
-    pub(crate) fn segment_time(&self, seg: &Segment, share: f64) -> f64 {
+    /// Time of `seg` with HBM share `share` (bytes/s) and its compute slowed by the factor
+    /// `slow` ≥ 1 (compute contention, 1 alone): the roofline of the quota's compute rate over
+    /// `slow` and the share.
+    pub(crate) fn segment_time(&self, seg: &Segment, share: f64, slow: f64) -> f64 {
         let compute = if seg.flops > 0.0 {
-            seg.flops / self.compute_rate
+            seg.flops / self.compute_rate * slow
         } else {
             0.0
         };
@@ -125,13 +126,13 @@ impl Work {
         compute.max(memory)
     }
 
-    /// HBM bandwidth `seg` asks for: what it needs to run at the compute rate, at most what
-    /// the quota's SMs reach.
-    pub(crate) fn demand(&self, seg: &Segment) -> f64 {
+    /// HBM bandwidth `seg` asks for: what it needs to run at the compute rate slowed by `slow`,
+    /// at most what the quota's SMs reach.
+    pub(crate) fn demand(&self, seg: &Segment, slow: f64) -> f64 {
         if seg.bytes <= 0.0 {
             0.0
         } else if seg.flops > 0.0 && self.compute_rate.is_finite() {
-            (seg.bytes * self.compute_rate / seg.flops).min(self.bw_cap)
+            (seg.bytes * self.compute_rate / slow / seg.flops).min(self.bw_cap)
         } else {
             self.bw_cap
         }
@@ -143,7 +144,7 @@ impl Work {
         let seg = self
             .segments()
             .iter()
-            .map(|s| self.segment_time(s, self.bw_cap))
+            .map(|s| self.segment_time(s, self.bw_cap, 1.0))
             .sum::<f64>();
         seg.max(self.launch_s)
     }

@@ -3,7 +3,7 @@
 use mosaic_sim::{simulate, SimReport};
 
 mod common;
-use common::{check_report, clip_plan, planned, zoo};
+use common::{check_report, clip_plan, partitioned_profile, planned, zoo};
 
 #[test]
 fn stages_are_barriers() {
@@ -27,6 +27,55 @@ fn stages_are_barriers() {
     for s in r.slices.iter().filter(|s| s.stage == 0) {
         assert!(s.end_ms <= s0.time_ms + 1e-9);
     }
+}
+
+/// Plans on SM partitions (quotas k × 8 / 132, or 1.0 alone) simulate like any other: the
+/// simulator takes the quotas as they are, and every GPU a stage shares holds at most the
+/// 128 SMs a split hands out.
+#[test]
+fn plans_on_sm_partitions_simulate() {
+    let mut shared = false;
+    for (model, cluster) in [("ofasys", "h100x8"), ("clip", "h100x8")] {
+        let (m, c) = zoo(model, cluster);
+        let file = partitioned_profile(&m, &c);
+        let perf = mosaic_profile::PerfModel::new(&file, 0.1, "partitioned").unwrap();
+        let opts = mosaic_plan::SolveOptions {
+            search: mosaic_plan::Search::Exact,
+            budget: std::time::Duration::from_secs(600),
+        };
+        let mut plan = mosaic_plan::solve(&perf, c.gpus(), &opts).unwrap();
+        plan.model = Some(m.name.clone());
+        plan.cluster = Some(c.name.clone());
+        assert_eq!(plan.granularity, 0.060606);
+        for st in &plan.stages {
+            let mut sms = vec![Vec::new(); c.gpus() as usize];
+            for pm in &st.modules {
+                let n = pm.sm * 132.0;
+                assert!(
+                    (n - n.round()).abs() < 1e-3,
+                    "{model}: {} at {}",
+                    pm.name,
+                    pm.sm
+                );
+                for &g in &pm.gpus {
+                    sms[g as usize].push(n.round() as u32);
+                }
+            }
+            for on in sms.iter().filter(|on| on.len() >= 2) {
+                shared = true;
+                assert!(on.iter().all(|n| n % 8 == 0), "{model}: {on:?}");
+                assert!(on.iter().sum::<u32>() <= 128, "{model}: {on:?}");
+            }
+        }
+        let r = simulate(&plan, "plan.json", &m, &c).unwrap();
+        check_report(&r);
+        assert!(
+            r.prediction_error.abs() < 0.5,
+            "{model}: {}",
+            r.prediction_error
+        );
+    }
+    assert!(shared, "some plan shares a GPU");
 }
 
 #[test]

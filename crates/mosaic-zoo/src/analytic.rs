@@ -3,14 +3,18 @@
 //! file it produces on the paper's grid.
 //!
 //! Per GPU and iteration, with micro-batch `b = ⌈B / dp⌉` samples:
-//! - **matmuls and attention** run at `sm × peak × efficiency`, or at the HBM bandwidth their
-//!   operands need if that is slower (roofline);
+//! - **matmuls and attention** run at `sm^γ × peak × efficiency`, or at the HBM bandwidth their
+//!   operands need if that is slower (roofline); γ < 1 is the measured sublinear scaling in
+//!   SMs, and the efficiency falls for narrow layers and for few rows per GPU (small batches);
 //! - **memory-bound kernels** (norms, residuals, activation functions, gathers, logits, the
 //!   gradient buffer and the AdamW step) run at `BW(sm) = BW_peak × hbm_efficiency ×
 //!   min(1, sm / bw_saturation)`: a fraction of the SMs already saturates HBM, so modules made
 //!   of such kernels stop scaling early — the fact Mosaic exploits;
 //! - kernels run one after another, so the two times add; the GPU time is floored by the
-//!   host's launch time (eager PyTorch, proportional to the layers), which small modules hit;
+//!   host's launch time: eager PyTorch launches every kernel from the host, so the floor is the
+//!   step's kernel count (counted from the module's structure in `kernels.rs`) × a host cost
+//!   per launch, plus a per-step cost — it shrinks with neither the SMs nor the batch, and small
+//!   modules (and large ones at small per-GPU batches) sit on it;
 //! - trainable modules then reduce gradients by a ring (`2(d−1)/d × bytes / bus bandwidth`,
 //!   NVLink inside a node, the nodes' InfiniBand NICs across), half of it hidden behind the
 //!   backward pass.
@@ -21,32 +25,51 @@
 //! replicas (ZeRO-1 / Megatron's distributed optimizer — without it Qwen3-VL's 8B LLM could
 //! not train on 80 GB GPUs at all). A module whose activations do not fit recomputes its
 //! layers (one more forward pass, only layer inputs kept).
+//!
+//! The constants are [`Calibration`]'s: the six that `mosaic calibrate` fits (γ, efficiency,
+//! small-batch rows, HBM saturation, host cost per launch and per step) default to the fit to
+//! the H100 measurements of CLIP in `examples/h100-clip-profile.json`.
 
-use mosaic_profile::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
-use serde::Serialize;
+use mosaic_profile::{Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+use serde::{Deserialize, Serialize};
 
 use crate::device::{ClusterSpec, DeviceSpec};
+use crate::kernels::{kernels, Backward};
 use crate::spec::{ModelSpec, ModuleSpec};
 use crate::workload::{Workload, BF16};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// The device model's constants. Every one is an assumption, stated with its reasoning; the
-/// datasheet numbers live in [`crate::DeviceSpec`] and [`ClusterSpec`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// The device model's constants. Datasheet numbers live in [`crate::DeviceSpec`] and
+/// [`ClusterSpec`]; the six constants marked *fitted* are the least-squares fit (on log time) of
+/// this model to `examples/h100-clip-profile.json` (CLIP ViT-L/14 measured on one H100, see
+/// `docs/reference.md`, "Measured on a real H100"), by `mosaic calibrate --profiles
+/// examples/h100-clip-profile.json --model clip --device h100` ([`crate::FreeConstant`] lists them; a
+/// test re-fits the file and checks that the defaults are its fit). The others are assumptions,
+/// stated with their reasoning: the CLIP profile (one GPU, no all-reduce, profiled alone) says
+/// nothing about them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Fraction of peak FLOP/s that matmuls and attention of a very wide layer reach. Chosen so
-    /// that a 4096-wide LLM lands near 50% model FLOP utilisation overall, as Megatron-LM
-    /// reports for large dense models (Narayanan et al., SC'21: 52% of peak on A100).
+    /// Fraction of peak FLOP/s that matmuls and attention of a very wide layer with many rows
+    /// reach on the whole GPU. *Fitted* (the prior assumption was 0.72, so that a 4096-wide LLM
+    /// lands near Megatron-LM's ~50 % model FLOP utilisation, Narayanan et al., SC'21).
     pub gemm_efficiency: f64,
     /// Hidden size at which matmul efficiency halves (efficiency × h / (h + this)): narrower
-    /// layers run shorter, less efficient kernels. Assumption.
+    /// layers run shorter, less efficient kernels. Assumption (CLIP's 768 and 1024 cannot
+    /// separate it from `gemm_efficiency`).
     pub hidden_half: f64,
-    /// Matmul rows (tokens per GPU) at which efficiency halves: tiny batches cannot fill the
-    /// GPU. Assumption.
+    /// Matmul rows (tokens per GPU) at which efficiency halves (efficiency × rows / (rows +
+    /// this)): small per-GPU batches cannot fill the GPU. *Fitted* (the per-GPU batches 16 to 2
+    /// of the CLIP profile).
     pub rows_half: f64,
-    /// SM fraction that saturates HBM bandwidth (`a_sat`). Assumption: about half of an H100's
-    /// SMs keep enough loads in flight to saturate HBM.
+    /// Exponent γ of matmul throughput in the SM quota: rate = a^γ × peak × efficiency. *Fitted*.
+    /// γ < 1 is the measured sublinear scaling (CLIP vision: 5.7× slower on 16 of 132 SMs, not
+    /// 8.25×): a partition's SMs each get a larger share of L2, HBM and the clock budget, and a
+    /// whole GPU loses more to the last partial wave of thread blocks.
+    pub sm_exponent: f64,
+    /// SM fraction that saturates HBM bandwidth (`a_sat`): `BW(a) = BW × min(1, a / a_sat)`.
+    /// *Fitted*.
     pub bw_saturation: f64,
     /// Fraction of peak HBM bandwidth that streaming kernels reach. Assumption.
     pub hbm_efficiency: f64,
@@ -60,12 +83,14 @@ pub struct Calibration {
     /// Fraction of the gradient reduction hidden behind the backward pass: the reduce-scatter
     /// half overlaps in buckets, the all-gather of updated weights does not. Assumption.
     pub comm_overlap: f64,
-    /// Host time per training step outside the layers (loss, optimizer launch, stream
-    /// switches), ms. Assumption (eager PyTorch).
+    /// Host time per training step outside the layers' kernels (loss, the fused optimizer's
+    /// launches, stream switches), ms; half of it for a frozen module. *Fitted* (CLIP's `align`
+    /// head: ~3 ms at every quota and batch).
     pub launch_step_ms: f64,
-    /// Host time to launch one layer's forward and backward kernels, ms. Assumption: ~50
-    /// kernels at ~12 µs of eager PyTorch each.
-    pub launch_layer_ms: f64,
+    /// Host time to launch one kernel in eager PyTorch with autocast, µs: the launch floor is
+    /// this × the step's kernel count (`kernels.rs`), whatever the SMs and the batch. *Fitted*
+    /// (CLIP vision and text at per-GPU batch 2 are flat above half the GPU).
+    pub launch_us: f64,
     /// Memory per module outside weights, state and activations (cuBLAS workspace, allocator
     /// slack), GiB. Assumption.
     pub workspace_gib: f64,
@@ -78,19 +103,23 @@ pub struct Calibration {
 }
 
 impl Default for Calibration {
+    /// The fit to `examples/h100-clip-profile.json` (`mosaic calibrate --profiles
+    /// examples/h100-clip-profile.json --model clip --device h100`) for the fitted constants,
+    /// the stated assumptions for the others.
     fn default() -> Self {
         Calibration {
-            gemm_efficiency: 0.72,
+            gemm_efficiency: FITTED[0],
             hidden_half: 450.0,
-            rows_half: 128.0,
-            bw_saturation: 0.5,
+            rows_half: FITTED[1],
+            sm_exponent: FITTED[2],
+            bw_saturation: FITTED[3],
             hbm_efficiency: 0.85,
             link_efficiency: 0.8,
             nvlink_hop_us: 6.0,
             ib_hop_us: 15.0,
             comm_overlap: 0.5,
-            launch_step_ms: 2.0,
-            launch_layer_ms: 0.6,
+            launch_step_ms: FITTED[4],
+            launch_us: FITTED[5],
             workspace_gib: 0.5,
             interference: Interference {
                 e1: 0.02,
@@ -100,6 +129,29 @@ impl Default for Calibration {
         }
     }
 }
+
+impl Calibration {
+    /// The constants as they were assumed before calibration: matmuls at 72 % of peak,
+    /// linear in the SM quota (γ = 1), HBM saturated by half the SMs, 2 ms per step and 12 µs
+    /// per kernel launch (the earlier floor of 0.6 ms per layer over its ~50 kernels). What
+    /// `mosaic calibrate` compares its fit against.
+    pub fn assumed() -> Calibration {
+        Calibration {
+            gemm_efficiency: 0.72,
+            rows_half: 128.0,
+            sm_exponent: 1.0,
+            bw_saturation: 0.5,
+            launch_step_ms: 2.0,
+            launch_us: 12.0,
+            ..Calibration::default()
+        }
+    }
+}
+
+/// The fitted constants of [`Calibration::default`], in [`crate::FreeConstant::ALL`]'s order: the
+/// least-squares fit on log time to `examples/h100-clip-profile.json` by `mosaic calibrate
+/// --profiles examples/h100-clip-profile.json --model clip --device h100`.
+const FITTED: [f64; 6] = [0.5488, 1233.0, 0.7899, 0.4848, 1.247, 40.54];
 
 /// One module's predicted iteration on `dp` GPUs at SM quota `sm`, with its breakdown.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -163,6 +215,8 @@ struct Iteration<'a> {
     /// Passes over the forward FLOPs (see [`passes`]).
     passes: f64,
     keeps_activations: bool,
+    /// Kernel launches of the step (see `kernels.rs`).
+    kernels: f64,
     dev: &'a DeviceSpec,
     /// HBM bandwidth at the quota, bytes/s.
     bw: f64,
@@ -210,6 +264,11 @@ impl Calibration {
         // A frozen module still propagates gradients when a trainable module feeds it.
         let input_grad = !spec.trainable && fed_by_trainable(model, spec);
         let keeps_activations = spec.trainable || input_grad;
+        let backward = match (spec.trainable, input_grad) {
+            (true, _) => Backward::Full,
+            (false, true) => Backward::InputOnly,
+            (false, false) => Backward::None,
+        };
         let capacity = cluster.device.memory_gib;
         let (recompute, mem_gib) = self.fit_memory(&w, spec, keeps_activations, b, dp, capacity);
 
@@ -222,6 +281,7 @@ impl Calibration {
             sm,
             passes: passes(spec.trainable, input_grad, recompute),
             keeps_activations,
+            kernels: kernels(spec, backward, recompute),
             dev: &cluster.device,
             bw: self.bandwidth(&cluster.device, sm),
         };
@@ -289,7 +349,7 @@ impl Calibration {
         let rows = bf * w.rows;
         let efficiency =
             self.gemm_efficiency * h / (h + self.hidden_half) * rows / (rows + self.rows_half);
-        let rate = it.sm * it.dev.peak_tflops * 1e12 * efficiency;
+        let rate = it.sm.powf(self.sm_exponent) * it.dev.peak_tflops * 1e12 * efficiency;
         let weight_reads = if passes > 1.0 { 2.0 } else { 1.0 };
         let gemm_bytes = BF16 * w.matmul_weights * weight_reads + bf * w.fwd_gemm_bytes * passes;
         let gemm_s = if flops > 0.0 {
@@ -320,11 +380,11 @@ impl Calibration {
         (memory_bytes, memory_bytes / it.bw)
     }
 
-    /// Host launch time of the step and its layers' kernels, seconds.
+    /// Host launch time of the step: its kernels one by one, and the per-step work (loss,
+    /// optimizer), seconds. Neither shrinks with the SMs or the batch.
     fn launch_time(&self, it: &Iteration) -> f64 {
-        (self.launch_step_ms * if it.trainable { 1.0 } else { 0.5 }
-            + self.launch_layer_ms * it.w.launch_layers * it.passes / 3.0)
-            / 1e3
+        self.launch_step_ms * 1e-3 * if it.trainable { 1.0 } else { 0.5 }
+            + self.launch_us * 1e-6 * it.kernels
     }
 
     /// The ring all-reduce of the gradients not hidden behind the backward pass of a step
@@ -380,14 +440,17 @@ impl Calibration {
         (weights + state + activations + logits) / GIB + self.workspace_gib
     }
 
-    /// The profile of every module of `model` on `cluster` at the paper's grid: `dp` at powers
-    /// of two up to the cluster's GPUs and the global batch, `sm` at 0.1, 0.2, …, 1.0 (§3.3).
+    /// The profile of every module of `model` on `cluster`: `dp` at powers of two up to the
+    /// cluster's GPUs and the global batch (§3.3), `sm` at every quota the device's SM
+    /// partitions grant ([`crate::DeviceSpec::quota_grid`]: on an H100 8, 16, …, 128 and all 132
+    /// SMs), so that a plan asks only for what the hardware gives.
     pub fn profile(&self, model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
         let batch = model.batch_on(cluster);
         let dps: Vec<u32> = (0..32)
             .map(|k| 1u32 << k)
             .take_while(|&d| d <= cluster.gpus() && d <= batch)
             .collect();
+        let quotas = cluster.device.quota_grid();
         let modules = model
             .modules
             .iter()
@@ -398,7 +461,7 @@ impl Calibration {
                 samples: dps
                     .iter()
                     .flat_map(|&dp| {
-                        (1..=10).map(move |k| self.estimate(model, i, cluster, dp, k as f64 / 10.0))
+                        (quotas.iter()).map(move |&sm| self.estimate(model, i, cluster, dp, sm))
                     })
                     .map(|e| e.sample())
                     .collect(),
@@ -406,11 +469,7 @@ impl Calibration {
             .collect();
         ProfileFile {
             format: FORMAT.to_string(),
-            device: Device {
-                name: cluster.device.name.clone(),
-                sm_count: cluster.device.sm_count,
-                memory_gib: cluster.device.memory_gib,
-            },
+            device: cluster.device.profile_device(),
             modules,
             interference: self.interference,
             source: Some(format!(
@@ -429,4 +488,67 @@ impl Calibration {
 /// The analytical profile of `model` on `cluster` with the default [`Calibration`].
 pub fn profile(model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
     Calibration::default().profile(model, cluster)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{cluster, model};
+
+    /// Module `name` of `model` on one H100 node at (dp, sm) under the default constants.
+    fn at(model_name: &str, name: &str, dp: u32, sm: f64) -> Estimate {
+        let m = model(model_name).unwrap();
+        let i = m.modules.iter().position(|x| x.name == name).unwrap();
+        Calibration::default().estimate(&m, i, &cluster("h100x8").unwrap(), dp, sm)
+    }
+
+    #[test]
+    fn clip_vision_scales_sublinearly_in_the_sms() {
+        // Measured: 796 ms on 16 SMs, 139 ms on 132 (5.7×, not 8.25×).
+        let ratio =
+            at("clip", "vision", 1, 16.0 / 132.0).time_ms / at("clip", "vision", 1, 1.0).time_ms;
+        assert!(ratio > 4.5 && ratio < 7.0, "{ratio}");
+    }
+
+    #[test]
+    fn small_batches_hit_the_launch_floor_above_half_the_gpu() {
+        // Measured at per-GPU batch 2: vision 45–58 ms, text 24–31 ms from half the GPU up.
+        for (name, lo, hi) in [("vision", 40.0, 60.0), ("text", 20.0, 32.0)] {
+            for sm in [0.5, 0.7, 1.0] {
+                let e = at("clip", name, 8, sm);
+                assert!(e.time_ms > lo && e.time_ms < hi, "{name} at {sm}: {e:?}");
+            }
+            let flat = at("clip", name, 8, 0.5).time_ms / at("clip", name, 8, 1.0).time_ms;
+            assert!(flat < 1.1, "{name}: {flat}");
+        }
+    }
+
+    #[test]
+    fn small_encoders_are_launch_bound_at_every_quota() {
+        // Measured: ImageBind-sized depth, thermal and IMU encoders took 13–28 ms per step at
+        // every quota, batch 16 or 2; the floor does not move with the SMs or the batch.
+        for name in ["depth", "thermal", "imu"] {
+            for dp in [1, 8] {
+                for sm in [0.2, 0.5, 1.0] {
+                    let e = at("imagebind", name, dp, sm);
+                    assert!(
+                        e.time_ms > 13.0 && e.time_ms < 40.0,
+                        "{name} dp {dp} sm {sm}: {e:?}"
+                    );
+                }
+                let floor = at("imagebind", name, dp, 1.0).launch_ms;
+                assert_eq!(floor, at("imagebind", name, dp, 0.2).launch_ms);
+            }
+        }
+    }
+
+    #[test]
+    fn the_assumed_constants_differ_only_in_the_fitted_ones() {
+        let (a, d) = (Calibration::assumed(), Calibration::default());
+        let mut fitted_reset = d;
+        for c in crate::FreeConstant::ALL {
+            c.set(&mut fitted_reset, c.get(&a));
+        }
+        assert_eq!(fitted_reset, a);
+    }
 }

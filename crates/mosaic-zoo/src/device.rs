@@ -1,5 +1,6 @@
 //! GPU devices (datasheet numbers) and the clusters built from them.
 
+use mosaic_profile::{Device, SmGranularity};
 use serde::Serialize;
 
 use crate::error::ZooError;
@@ -25,6 +26,36 @@ pub struct DeviceSpec {
     pub hbm_tbps: f64,
     /// NVLink bandwidth per GPU in GB/s (bytes), both directions together as the datasheet counts.
     pub nvlink_gbps: f64,
+    /// The SM partitions a CUDA green context can hold on it (`docs/reference.md`, "Green
+    /// contexts": CUDA driver API, green contexts — compute capability 9.x at least 8 SMs in
+    /// multiples of 8, 8.x at least 4 in multiples of 2): the profile's `device.partition`.
+    pub partition: SmGranularity,
+}
+
+impl DeviceSpec {
+    /// The SM quotas a module may hold on this GPU, ascending, as fractions of its SMs: the
+    /// partitions a green-context split hands out and the whole GPU for a module alone
+    /// ([`SmGranularity::quota_sms`] over `sm_count`). H100/H200: 8/132, 16/132, …, 128/132
+    /// and 1.0 (17 quotas); A100: 4/108, 6/108, …, 108/108 (53). The grid the planner plans on
+    /// for a profile carrying [`Self::profile_device`], so the grid to profile at.
+    pub fn quota_grid(&self) -> Vec<f64> {
+        self.partition
+            .quota_sms(self.sm_count)
+            .into_iter()
+            .map(|n| n as f64 / self.sm_count as f64)
+            .collect()
+    }
+
+    /// The profile file's `device` for this GPU, partition rule included. Its samples' quotas
+    /// must then be whole SM counts (the points of [`Self::quota_grid`] are).
+    pub fn profile_device(&self) -> Device {
+        Device {
+            name: self.name.clone(),
+            sm_count: self.sm_count,
+            memory_gib: self.memory_gib,
+            partition: Some(self.partition),
+        }
+    }
 }
 
 /// A pool of identical GPUs: `nodes` nodes of `gpus_per_node` GPUs each.
@@ -66,6 +97,7 @@ fn h100() -> DeviceSpec {
         peak_tflops: 989.0, // NVIDIA H100 datasheet: BF16 1,979 TFLOPS with sparsity, 989 dense
         hbm_tbps: 3.35, // NVIDIA H100 datasheet: 3.35 TB/s
         nvlink_gbps: 900.0, // NVIDIA H100 datasheet: NVLink 900 GB/s
+        partition: SmGranularity::for_compute_capability(9), // Hopper, 9.0: 8 SMs, steps of 8
     }
 }
 
@@ -79,6 +111,7 @@ fn h200() -> DeviceSpec {
         peak_tflops: 989.0, // NVIDIA H200 datasheet: BF16 1,979 TFLOPS with sparsity, 989 dense
         hbm_tbps: 4.8, // NVIDIA H200 datasheet: 4.8 TB/s
         nvlink_gbps: 900.0, // NVIDIA H200 datasheet: NVLink 900 GB/s
+        partition: SmGranularity::for_compute_capability(9), // Hopper, 9.0: 8 SMs, steps of 8
     }
 }
 
@@ -92,6 +125,7 @@ fn a100() -> DeviceSpec {
         peak_tflops: 312.0, // NVIDIA A100 datasheet: BF16 312 TFLOPS dense
         hbm_tbps: 2.039, // NVIDIA A100 datasheet: 2,039 GB/s (SXM 80GB)
         nvlink_gbps: 600.0, // NVIDIA A100 datasheet: NVLink 600 GB/s
+        partition: SmGranularity::for_compute_capability(8), // Ampere, 8.0: 4 SMs, steps of 2
     }
 }
 
@@ -207,6 +241,27 @@ mod tests {
         for c in clusters() {
             assert_eq!(cluster(&c.name).unwrap(), c);
         }
+    }
+
+    #[test]
+    fn devices_know_their_sm_partitions_and_quota_grid() {
+        let h100 = cluster("h100x8").unwrap().device;
+        assert_eq!((h100.partition.min_sms, h100.partition.step_sms), (8, 8));
+        let grid = h100.quota_grid();
+        assert_eq!(grid.len(), 17);
+        assert_eq!(grid[1], 16.0 / 132.0);
+        assert_eq!(grid[15], 128.0 / 132.0, "the most a split hands out");
+        assert_eq!(grid[16], 1.0, "the whole GPU, for a module alone");
+        let a100 = cluster("a100x8").unwrap().device;
+        assert_eq!((a100.partition.min_sms, a100.partition.step_sms), (4, 2));
+        let grid = a100.quota_grid();
+        assert_eq!(
+            (grid[0], grid[1], grid.len()),
+            (4.0 / 108.0, 6.0 / 108.0, 53)
+        );
+        assert_eq!(*grid.last().unwrap(), 1.0);
+        let d = h100.profile_device();
+        assert_eq!((d.sm_count, d.partition), (132, Some(h100.partition)));
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! whether it is trained, the source of every number and, where the paper's Table 1 lists the
 //! module, that row for comparison. [`devices`] and [`clusters`] describe H100, H200 and A100
 //! nodes; [`cluster`] also accepts any `<device>x<N>` such as `h100x24`. [`profile`] predicts
-//! every module's iteration time, memory and SM / bandwidth utilisation on the paper's grid of
-//! data-parallel degrees and SM quotas (see [`Calibration`] for the model and its assumptions),
-//! which is what the planner reads when no measured profile is at hand.
+//! every module's iteration time, memory and SM / bandwidth utilisation at the paper's
+//! data-parallel degrees and at every SM quota the device's partitions grant (see
+//! [`Calibration`] for the model and what it was fitted to), which is what the planner reads
+//! when no measured profile is at hand.
 //!
 //! ```
 //! let ofasys = mosaic_zoo::model("OFASys")?;
@@ -18,11 +19,12 @@
 //! let file = mosaic_zoo::profile(&ofasys, &h100x8);
 //! assert_eq!(file.modules.len(), ofasys.modules.len());
 //!
-//! // The file is a valid mosaic-profiles/1 file the planner can build its model from.
+//! // The file is a valid mosaic-profiles/1 file the planner can build its model from; its
+//! // quota units are the H100's SMs (granted 8 at a time, or all 132).
 //! let perf = mosaic_profile::PerfModel::new(&file, 0.1, "ofasys@h100x8")?;
 //! let llm = &perf.modules[perf.index_of("llm").unwrap()];
-//! let full = llm.options.iter().find(|o| o.dp == 8 && o.units == 10).unwrap();
-//! let half = llm.options.iter().find(|o| o.dp == 8 && o.units == 5).unwrap();
+//! let full = llm.options.iter().find(|o| o.dp == 8 && o.units == 132).unwrap();
+//! let half = llm.options.iter().find(|o| o.dp == 8 && o.units == 64).unwrap();
 //! assert!(half.time_ms > full.time_ms);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -32,6 +34,8 @@
 mod analytic;
 mod device;
 mod error;
+mod fitted;
+mod kernels;
 mod models;
 mod spec;
 mod workload;
@@ -39,5 +43,7 @@ mod workload;
 pub use analytic::{profile, Calibration, Estimate};
 pub use device::{cluster, clusters, devices, ClusterSpec, DeviceSpec, GPUS_PER_NODE};
 pub use error::ZooError;
+pub use fitted::FreeConstant;
+pub use kernels::PLAIN_LAYER_KERNELS;
 pub use models::{model, models};
 pub use spec::{Extra, ModelSpec, ModuleSpec, PaperRow, Role};

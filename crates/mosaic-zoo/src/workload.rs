@@ -52,8 +52,6 @@ pub(crate) struct Workload {
     pub params: f64,
     /// Tokens per sample in the largest matmul (its M dimension).
     pub rows: f64,
-    /// Layer-equivalents of kernel launches (a layer, or four extra matrices).
-    pub launch_layers: f64,
 }
 
 impl Workload {
@@ -111,7 +109,6 @@ impl Workload {
             resident_weights: m.params as f64,
             params: m.params as f64,
             rows: s.max(sd),
-            launch_layers: l + ld,
         };
         for e in &m.extras {
             let (n, t) = (e.weights as f64, e.tokens as f64);
@@ -130,7 +127,6 @@ impl Workload {
                 w.resident_weights += n;
             }
             w.logits += e.vocab as f64 * t;
-            w.launch_layers += 0.25;
         }
         w
     }

@@ -104,19 +104,23 @@ fn measure(case: String, models: &[PerfModel], gpus: u32, args: &Args) -> Row {
 /// Runs `mosaic bench`.
 pub fn run(args: Args) -> Result<()> {
     let mut rows = Vec::new();
-    for (modules, gpus) in [(10usize, 8u32), (20, 32)] {
-        let models: Vec<PerfModel> = (0..args.seeds)
-            .map(|seed| {
-                let file = random_profiles(seed, modules, gpus);
-                PerfModel::new(&file, 0.1, "synthetic").expect("synthetic profiles are valid")
-            })
-            .collect();
-        rows.push(measure(
-            format!("random DAGs ×{}", args.seeds),
-            &models,
-            gpus,
-            &args,
-        ));
+    for partitioned in [false, true] {
+        for (modules, gpus) in [(10usize, 8u32), (20, 32)] {
+            let models: Vec<PerfModel> = (0..args.seeds)
+                .map(|seed| {
+                    let mut file = random_profiles(seed, modules, gpus);
+                    if partitioned {
+                        sm_partitioned(&mut file);
+                    }
+                    PerfModel::new(&file, 0.1, "synthetic").expect("synthetic profiles are valid")
+                })
+                .collect();
+            let case = match partitioned {
+                false => format!("random DAGs ×{}", args.seeds),
+                true => "… on SM partitions".to_string(),
+            };
+            rows.push(measure(case, &models, gpus, &args));
+        }
     }
     for spec in mosaic_zoo::models() {
         for cluster in ["h100x8", "h100x32"] {
@@ -160,6 +164,17 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Puts a synthetic profile on a device with SM partitions, to time the planner in SM units:
+/// 100 SMs (the synthetic deciles are whole SM counts) in partitions of 8 as on Hopper, so the
+/// quotas are 16, 24, …, 96 SMs shared and 100 alone instead of the 10 deciles.
+fn sm_partitioned(file: &mut mosaic_profile::ProfileFile) {
+    file.device.sm_count = 100;
+    file.device.partition = Some(mosaic_profile::SmGranularity {
+        min_sms: 8,
+        step_sms: 8,
+    });
 }
 
 /// One StageEval timing.

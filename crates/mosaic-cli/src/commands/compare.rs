@@ -2,6 +2,7 @@
 //! the same profiles and pool.
 
 use std::fmt::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -23,6 +24,10 @@ pub struct Args {
     /// plan is used.
     #[arg(long, default_value_t = 2000)]
     time_budget: u64,
+    /// With --model: a mosaic-calibration/1 file (`mosaic calibrate --out`): the device model's constants
+    /// (default: the built-in fit to examples/h100-clip-profile.json).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
     /// Print the comparison as JSON (the input, notes, and one row per strategy with its plan).
     #[arg(long)]
     json: bool,
@@ -75,7 +80,7 @@ struct Row<'a> {
 /// Runs `mosaic compare`.
 pub fn run(args: Args) -> Result<()> {
     check(&args)?;
-    let input = args.source.load()?;
+    let input = super::calibrate::load_source(&args.source, args.calibration.as_deref())?;
     let global_batch = match args.global_batch {
         Some(b) => Some(b),
         None => zoo_batch(&input)?,

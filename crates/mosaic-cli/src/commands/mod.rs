@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod calibrate;
 pub mod compare;
 #[cfg(feature = "engine")]
 pub mod data;

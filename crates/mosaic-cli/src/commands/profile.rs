@@ -15,6 +15,10 @@ pub struct Args {
     /// A built-in cluster, e.g. h100x8.
     #[arg(long)]
     cluster: String,
+    /// A mosaic-calibration/1 file (`mosaic calibrate --out`): the device model's constants
+    /// (default: the built-in fit to examples/h100-clip-profile.json).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
     /// Where to write the mosaic-profiles/1 file (default: standard output).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -24,7 +28,8 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let model = mosaic_zoo::model(&args.model)?;
     let cluster = mosaic_zoo::cluster(&args.cluster)?;
-    let file = mosaic_zoo::profile(&model, &cluster);
+    let cal = super::calibrate::load(args.calibration.as_deref())?;
+    let file = cal.profile(&model, &cluster);
     let json = serde_json::to_string_pretty(&file)? + "\n";
     match &args.out {
         Some(out) => {

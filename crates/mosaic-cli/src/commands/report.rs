@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use mosaic_compare::{compare, CompareOptions, Strategy, StrategyResult};
 use mosaic_profile::PerfModel;
+use mosaic_zoo::Calibration;
 use serde::Serialize;
 
 use crate::chart::BarChart;
@@ -44,6 +45,10 @@ pub struct Args {
     /// Directory to write table.md, iteration.svg, utilisation.svg, scale.svg, report.json.
     #[arg(long, default_value = "report")]
     out: PathBuf,
+    /// A mosaic-calibration/1 file (`mosaic calibrate --out`): the device model's constants
+    /// (default: the built-in fit to examples/h100-clip-profile.json).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
 }
 
 /// One model on one cluster.
@@ -78,10 +83,10 @@ impl Case {
     }
 }
 
-fn run_case(model: &str, cluster: &str) -> Result<Case> {
+fn run_case(cal: &Calibration, model: &str, cluster: &str) -> Result<Case> {
     let spec = mosaic_zoo::model(model)?;
     let cluster = mosaic_zoo::cluster(cluster)?;
-    let file = mosaic_zoo::profile(&spec, &cluster);
+    let file = cal.profile(&spec, &cluster);
     let perf = PerfModel::new(&file, 0.1, format!("{}@{}", spec.name, cluster.name))?;
     let opts = CompareOptions {
         global_batch: Some(spec.batch_on(&cluster)),
@@ -92,7 +97,11 @@ fn run_case(model: &str, cluster: &str) -> Result<Case> {
     for r in &rows {
         if let Some(plan) = &r.plan {
             let name = format!("{} plan of {} on {}", r.name, spec.name, cluster.name);
-            let sim = mosaic_sim::simulate(plan, name, &spec, &cluster)?;
+            let options = mosaic_sim::SimOptions {
+                calibration: *cal,
+                ..Default::default()
+            };
+            let sim = mosaic_sim::simulate_with(plan, name, &spec, &cluster, &options)?;
             simulated_ms.push((r.strategy, sim.iteration_ms));
         }
     }
@@ -114,15 +123,16 @@ fn range(xs: &[f64]) -> String {
 
 /// Runs `mosaic report`.
 pub fn run(args: Args) -> Result<()> {
+    let cal = super::calibrate::load(args.calibration.as_deref())?;
     let mut cases = Vec::new();
     for cluster in CLUSTERS {
         for model in MODELS {
-            cases.push(run_case(model, cluster)?);
+            cases.push(run_case(&cal, model, cluster)?);
         }
     }
     let sweep: Vec<Case> = SWEEP
         .iter()
-        .map(|c| run_case("ofasys-4", c))
+        .map(|c| run_case(&cal, "ofasys-4", c))
         .collect::<Result<_>>()?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;

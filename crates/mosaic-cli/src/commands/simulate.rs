@@ -41,6 +41,10 @@ struct PlanArgs {
     /// The built-in model the plan places (default: the plan's `model`).
     #[arg(long)]
     model: Option<String>,
+    /// A mosaic-calibration/1 file (`mosaic calibrate --out`): the device model's constants
+    /// (default: the built-in fit to examples/h100-clip-profile.json).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
     /// Write the timeline as a Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -61,9 +65,9 @@ struct ColocationArgs {
     /// A built-in cluster: the colocations run on one of its GPUs.
     #[arg(long)]
     cluster: String,
-    /// Colocations to draw and measure: 2–8 modules each, dp 1, quotas at 0.1 steps that fit
-    /// one GPU together.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Colocations to draw and measure (1 to 100,000): 2–8 modules each, dp 1, quotas in whole
+    /// SM partitions of the device (8 SMs on an H100) that fit one GPU together.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     count: u64,
     /// Where to write the mosaic-colocations/1 file.
     #[arg(long, value_name = "FILE")]
@@ -116,7 +120,11 @@ fn simulate(args: &PlanArgs) -> Result<()> {
             eprintln!("note: {file} was planned for {what} {planned}; simulating it on {used}");
         }
     }
-    let report = mosaic_sim::simulate(&plan, plan_path, &model, &cluster)?;
+    let options = mosaic_sim::SimOptions {
+        calibration: super::calibrate::load(args.calibration.as_deref())?,
+        ..Default::default()
+    };
+    let report = mosaic_sim::simulate_with(&plan, plan_path, &model, &cluster, &options)?;
 
     if let Some(path) = &args.trace {
         let text = serde_json::to_string(&mosaic_sim::chrome_trace(&report))? + "\n";
@@ -157,12 +165,13 @@ fn colocations(args: &ColocationArgs) -> Result<()> {
         .max()
         .unwrap_or(0);
     println!(
-        "wrote {} colocations of {} on one {} GPU of {} (2–{most} modules each, dp 1, quota \
-         step 0.1, seed {}) to {}",
+        "wrote {} colocations of {} on one {} GPU of {} (2–{most} modules each, dp 1, quotas in \
+         steps of {} SMs, seed {}) to {}",
         file.samples.len(),
         model.name,
         cluster.device.name,
         cluster.name,
+        cluster.device.partition.step_sms,
         args.seed,
         args.out.display()
     );

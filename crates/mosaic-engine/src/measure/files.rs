@@ -28,6 +28,8 @@ pub fn profile_file(p: &EngineProfile) -> ProfileFile {
             name: p.machine.name.clone(),
             sm_count: p.machine.cores as u32,
             memory_gib: p.machine.memory_gib,
+            // CPU slots are thread pools: no SM partitions.
+            partition: None,
         },
         modules: p
             .modules

@@ -135,10 +135,7 @@ impl Profiler {
         machine: Machine,
     ) -> Result<Profiler, EngineError> {
         crate::models::data::check_batch(config.batch)?;
-        for (setting, value) in [
-            ("--reps", config.reps),
-            ("--max-dp", config.max_dp),
-        ] {
+        for (setting, value) in [("--reps", config.reps), ("--max-dp", config.max_dp)] {
             if value == 0 {
                 return Err(EngineError::BadSetting {
                     setting: setting.into(),

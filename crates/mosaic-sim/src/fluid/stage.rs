@@ -59,7 +59,8 @@ struct Reduce {
 }
 
 /// The flows between two events: the running segments (replica indices) with their times at
-/// their HBM shares, and the transferring all-reduces (indices) with their rates.
+/// their HBM shares and compute slowdowns ([`StageRun::compute_slowdowns`]), and the transferring all-reduces (indices) with
+/// their rates.
 struct Flows {
     running: Vec<usize>,
     seg_time: Vec<f64>,
@@ -164,6 +165,17 @@ impl<'a> StageRun<'a> {
             .iter()
             .map(|p| Work::new(pool.cal, pool.model, p.module, pool.cluster, p.dp, p.sm))
             .collect();
+        Self::start_with(pool, (si, stage), works, start, slices)
+    }
+
+    /// [`StageRun::start`] with the placements' work given.
+    fn start_with(
+        pool: &'a Pool<'a>,
+        (si, stage): (usize, &'a StageSpec),
+        works: Vec<Work>,
+        start: f64,
+        slices: &mut Vec<Slice>,
+    ) -> Self {
         let n = stage.len();
         let mut run = StageRun {
             pool,
@@ -231,19 +243,21 @@ impl<'a> StageRun<'a> {
         let running: Vec<usize> = (0..reps.len())
             .filter(|&i| reps[i].state == RepState::Run)
             .collect();
+        let slow = self.compute_slowdowns(&running);
         let caps: Vec<f64> = running
             .iter()
-            .map(|&i| works[reps[i].p].demand(&segs[reps[i].p][reps[i].seg]))
+            .zip(&slow)
+            .map(|(&i, &x)| works[reps[i].p].demand(&segs[reps[i].p][reps[i].seg], x))
             .collect();
         let gpu_of: Vec<[usize; 1]> = running.iter().map(|&i| [reps[i].gpu as usize]).collect();
         let uses: Vec<&[usize]> = gpu_of.iter().map(|u| &u[..]).collect();
         let shares = max_min(&caps, &uses, &vec![self.pool.hbm; self.pool.gpus]);
         let seg_time: Vec<f64> = running
             .iter()
-            .zip(&shares)
-            .map(|(&i, &s)| {
+            .zip(shares.iter().zip(&slow))
+            .map(|(&i, (&s, &x))| {
                 let r = &reps[i];
-                works[r.p].segment_time(&segs[r.p][r.seg], s)
+                works[r.p].segment_time(&segs[r.p][r.seg], s, x)
             })
             .collect();
         let reduces = &self.reduces;
@@ -264,6 +278,33 @@ impl<'a> StageRun<'a> {
             moving,
             rates,
         }
+    }
+
+    /// The compute slowdown of each of the `running` replicas: a matmul segment runs
+    /// `1 + κ · A` times slower, `A` the SM quotas of the other replicas running matmul
+    /// segments on its GPU at the time and κ the pool's compute contention (shared clocks, L2
+    /// and HBM, which green contexts do not partition); 1 for memory segments and alone.
+    fn compute_slowdowns(&self, running: &[usize]) -> Vec<f64> {
+        let kappa = self.pool.compute_contention;
+        let computing = |i: usize| {
+            let r = &self.reps[i];
+            self.segs[r.p][r.seg].flops > 0.0
+        };
+        let mut busy = vec![0.0; self.pool.gpus];
+        for &i in running.iter().filter(|&&i| computing(i)) {
+            busy[self.reps[i].gpu as usize] += self.stage[self.reps[i].p].sm;
+        }
+        running
+            .iter()
+            .map(|&i| {
+                let r = &self.reps[i];
+                if kappa > 0.0 && computing(i) {
+                    1.0 + kappa * (busy[r.gpu as usize] - self.stage[r.p].sm).max(0.0)
+                } else {
+                    1.0
+                }
+            })
+            .collect()
     }
 
     /// Time from `t` to the next event: a segment or transfer ending, a release, a latency
@@ -453,5 +494,109 @@ impl<'a> StageRun<'a> {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimOptions;
+
+    /// A loop of 150 bf16 4096³ GEMMs on one replica at quota `sm` that takes `alone_ms` alone:
+    /// all compute, no HBM traffic, no launch floor (`docs/reference.md`, "Measured on a real
+    /// H100"). The work of CLIP's first module, stripped down to that.
+    fn gemm_loop(pool: &Pool, sm: f64, alone_ms: f64) -> Work {
+        let mut w = Work::new(pool.cal, pool.model, 0, pool.cluster, 1, sm);
+        w.flops = 150.0 * 2.0 * 4096f64.powi(3);
+        w.compute_rate = w.flops / (alone_ms * 1e-3);
+        (w.gemm_bytes, w.memory_bytes, w.launch_s, w.grad_bytes) = (0.0, 0.0, 0.0, 0.0);
+        w.chunks = 150;
+        w
+    }
+
+    /// The compute times (ms) of GEMM loops side by side on GPU 0, one per `(quota, alone ms)`.
+    fn side_by_side(opts: &SimOptions, loops: &[(f64, f64)]) -> Vec<f64> {
+        let model = mosaic_zoo::model("clip").unwrap();
+        let cluster = mosaic_zoo::cluster("h100x8").unwrap();
+        let pool = Pool::new(opts, &model, &cluster, 1);
+        let stage: Vec<Assignment> = loops
+            .iter()
+            .map(|&(sm, _)| Assignment {
+                module: 0,
+                dp: 1,
+                sm,
+                gpus: vec![0],
+            })
+            .collect();
+        let works = loops
+            .iter()
+            .map(|&(sm, ms)| gemm_loop(&pool, sm, ms))
+            .collect();
+        let mut out = Outcome {
+            stages: Vec::new(),
+            slices: Vec::new(),
+            busy: vec![0.0],
+            compute: vec![0.0],
+            steps: Vec::new(),
+            end: 0.0,
+        };
+        let mut run = StageRun::start_with(&pool, (0, &stage), works, 0.0, &mut out.slices);
+        let mut t = 0.0;
+        while run.pending() {
+            t = run.advance(t, &mut out);
+        }
+        let done = run.finish();
+        done.modules.iter().map(|m| m.compute_end * 1e3).collect()
+    }
+
+    /// The measurement κ is calibrated on: two GEMM loops, one per 64-SM green context of an
+    /// H100, 53 ms each alone, took 67 ms together (+27 %); without the contention term the
+    /// simulator would have them overlap perfectly (53 ms), as GEMMs that size need no HBM.
+    #[test]
+    fn two_compute_bound_replicas_slow_each_other_as_measured_on_an_h100() {
+        let half = 64.0 / 132.0;
+        let alone = side_by_side(&SimOptions::default(), &[(half, 53.0)]);
+        assert!((alone[0] - 53.0).abs() < 1e-6, "{alone:?}");
+        let together = side_by_side(&SimOptions::default(), &[(half, 53.0), (half, 53.0)]);
+        for t in &together {
+            assert!((t - 67.0).abs() < 1e-6, "{together:?}");
+        }
+        // At 0.5 + 0.5 (the planner's quotas before SM partitions): +27 %.
+        let halves = side_by_side(&SimOptions::default(), &[(0.5, 53.0), (0.5, 53.0)]);
+        let slowdown = halves[0] / 53.0 - 1.0;
+        assert!(
+            (slowdown - 0.27).abs() < 0.005,
+            "+{:.1} %",
+            100.0 * slowdown
+        );
+        let off = SimOptions {
+            compute_contention: 0.0,
+            ..SimOptions::default()
+        };
+        let free = side_by_side(&off, &[(half, 53.0), (half, 53.0)]);
+        assert!(free.iter().all(|t| (t - 53.0).abs() < 1e-6), "{free:?}");
+    }
+
+    /// The slowdown lasts only while both compute: a loop beside one half as long slows by
+    /// +26.4 % for the 53 ms the short one needs (then 67 / 2 ms of its own work is left at
+    /// full speed), and the short one by the full +26.4 %; a small replica beside a large one
+    /// slows more than the large one.
+    #[test]
+    fn contention_lasts_while_both_compute_and_grows_with_the_neighbours_sms() {
+        let half = 64.0 / 132.0;
+        let k = 1.0 + crate::COMPUTE_CONTENTION * half;
+        let t = side_by_side(&SimOptions::default(), &[(half, 53.0), (half, 106.0)]);
+        let short = 53.0 * k;
+        // The long loop did short / (106 k) of its work by then; the rest runs alone.
+        let long = short + 106.0 * (1.0 - short / (106.0 * k));
+        assert!(
+            (t[0] - short).abs() < 1e-6 && (t[1] - long).abs() < 1e-6,
+            "{t:?}"
+        );
+        let t = side_by_side(
+            &SimOptions::default(),
+            &[(16.0 / 132.0, 50.0), (112.0 / 132.0, 50.0)],
+        );
+        assert!(t[0] / 50.0 > 1.3 && t[1] / 50.0 < 1.07, "{t:?}");
     }
 }

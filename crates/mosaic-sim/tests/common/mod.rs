@@ -78,6 +78,35 @@ pub fn planned(model: &ModelSpec, cluster: &ClusterSpec) -> Plan {
     mosaic_plan::solve(&perf, cluster.gpus(), &opts).unwrap()
 }
 
+/// The profile of a zoo model on its cluster's SM partitions: the device with its partition
+/// rule, every module sampled by the device model at every quota of the device's grid (8, 16,
+/// …, 128 of 132 SMs and the whole GPU on an H100) and the zoo profile's dp values — what the
+/// zoo writes once it profiles on the SM grid.
+pub fn partitioned_profile(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+) -> mosaic_profile::ProfileFile {
+    let cal = Calibration::default();
+    let mut file = mosaic_zoo::profile(model, cluster);
+    file.device = cluster.device.profile_device();
+    for (i, m) in file.modules.iter_mut().enumerate() {
+        let mut dps: Vec<u32> = m.samples.iter().map(|s| s.dp).collect();
+        dps.dedup();
+        m.samples = dps
+            .iter()
+            .flat_map(|&dp| {
+                cluster
+                    .device
+                    .quota_grid()
+                    .into_iter()
+                    .map(move |sm| (dp, sm))
+            })
+            .map(|(dp, sm)| cal.estimate(model, i, cluster, dp, sm).sample())
+            .collect();
+    }
+    file
+}
+
 pub const ALL8: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 7];
 
 /// CLIP on one node: both encoders on every GPU, then the head.

@@ -10,8 +10,8 @@ use cudarc::driver::sys::{
 
 use super::driver::{check, driver, sm_count, DeviceInner, GreenCtx};
 use super::green::GpuSlot;
-use super::partition::{partition_sms, SmGranularity};
 use crate::error::EngineError;
+use mosaic_profile::{partition_sms, SmGranularity};
 
 /// A GPU ready for green-context slots: its SMs, compute capability and primary context
 /// (retained while the device or any of its slots lives: green contexts are created from it,

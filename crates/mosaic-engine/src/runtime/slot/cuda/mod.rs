@@ -3,8 +3,9 @@
 //! leased at every stage transition (`GpuSlotPool`), since creating one costs tens of
 //! milliseconds ([`crate::measure::bench_gpu_slots`] measures it).
 //!
-//! - `partition`: how many SMs a slot gets and how a stage's slots share a device ([`sms_for`],
-//!   [`partition_sms`]); pure arithmetic, in every build.
+//! - how many SMs a slot gets and how a stage's slots share a device ([`sms_for`],
+//!   [`partition_sms`]): pure arithmetic in `mosaic_profile::partition`, re-exported here, the
+//!   one quota ↔ SM mapping the planner shares.
 //! - `driver`: loading `libcuda` and checking it ([`driver_unavailable`]), driver errors, owned
 //!   green contexts.
 //! - `device`: `GpuDevice`, a GPU opened for slots, which cuts a stage's slots from its SMs.
@@ -12,12 +13,11 @@
 //!   `GpuSlot::enter`.
 //! - `pool`: `GpuSlotPool`, the slots of a plan's stages, pooled or on demand.
 //!
-//! Everything but `partition` needs the `cuda` feature (cudarc, which loads `libcuda` at run
-//! time, so it builds without CUDA). Without it, `dummy` stands in: [`GpuSlot`] has no values
+//! Everything but the partition arithmetic needs the `cuda` feature (cudarc, which loads
+//! `libcuda` at run time, so it builds without CUDA). Without it, `dummy` stands in: [`GpuSlot`] has no values
 //! and [`driver_unavailable`] says the build has no CUDA, so callers need no `cfg`.
 
-mod partition;
-pub use partition::{partition_sms, sms_for, SmGranularity};
+pub use mosaic_profile::{partition_sms, sms_for, SmGranularity};
 
 #[cfg(feature = "cuda")]
 mod device;

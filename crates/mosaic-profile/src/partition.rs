@@ -1,22 +1,29 @@
-//! SM partitions: how many SMs a green-context slot of a given quota gets, and how a stage's
-//! slots share a device. Pure arithmetic, compiled and tested with or without the `cuda`
-//! feature (no GPU needed).
+//! SM partitions: the one mapping between SM quotas and SM counts that the planner, the
+//! simulator, the fit and the engine's green-context slots share. Pure arithmetic.
 //!
-//! A module's SMs are [`sms_for`] its quota: `quota × device SMs` rounded to the nearest size
-//! the architecture allows (multiples of 8, at least 8, on compute capability 9.x; at least 4,
-//! multiples of 2, on 8.x; see [`SmGranularity::for_compute_capability`]), at most the whole
-//! device. The modules of a stage run at the same time, so [`partition_sms`] gives them
-//! disjoint SMs, taking SMs back from the modules rounded up the most until the stage fits.
+//! A CUDA green context holds a partition of the device's SMs whose size the architecture
+//! constrains (`docs/reference.md`, "Green contexts": at least 8 and multiples of 8 on compute
+//! capability 9.x; at least 4, multiples of 2, on 8.x): an [`SmGranularity`], which a profile's
+//! `device.partition` carries. The planner's quota grid on such a device is
+//! [`SmGranularity::quota_sms`]: every partition a split can hand out, and the whole device for
+//! a module alone on its GPU. The engine's slot of a quota gets [`sms_for`] it, and the
+//! modules of a stage, which run at the same time, get disjoint SMs by [`partition_sms`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// The smallest SM partition of a device and the step between partition sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// How far (as a fraction of the GPU) a quota may lie from a whole number of SMs and still be
+/// read as that SM count: files write quotas such as 16/132 as `0.1212`.
+pub const SM_QUOTA_TOLERANCE: f64 = 1e-3;
+
+/// The smallest SM partition of a device and the step between partition sizes: a profile's
+/// `device.partition`, `{"min_sms": 8, "step_sms": 8}` on Hopper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SmGranularity {
     /// Fewest SMs a partition may have.
-    pub min: u32,
+    pub min_sms: u32,
     /// A partition's SM count is a multiple of this.
-    pub step: u32,
+    pub step_sms: u32,
 }
 
 impl SmGranularity {
@@ -31,40 +38,72 @@ impl SmGranularity {
             8 => (4, 2),
             _ => (8, 8),
         };
-        SmGranularity { min, step }
+        SmGranularity {
+            min_sms: min,
+            step_sms: step,
+        }
     }
 
     /// Whether a partition of `sms` SMs is allowed.
     pub fn allows(&self, sms: u32) -> bool {
-        sms >= self.min && sms.is_multiple_of(self.step.max(1))
+        sms >= self.min_sms && sms.is_multiple_of(self.step_sms.max(1))
     }
 
-    /// The most SMs an allowed partition of at most `capacity` SMs can have, if any.
+    /// The most SMs an allowed partition of at most `capacity` SMs can have, if any: what a
+    /// split of `capacity` SMs hands out at most (128 of an H100's 132).
     pub fn largest_within(&self, capacity: u32) -> Option<u32> {
-        let step = self.step.max(1);
+        let step = self.step_sms.max(1);
         let top = capacity - capacity % step;
-        (top >= self.min).then_some(top)
+        (top >= self.min_sms.max(1)).then_some(top)
+    }
+
+    /// The SM counts a module may hold on a device of `total` SMs, ascending: every allowed
+    /// partition up to [`largest_within`](Self::largest_within)`(total)` — what the modules
+    /// sharing a GPU get — and `total` itself, the whole GPU of a module alone on it (no split).
+    /// On an H100 (132 SMs, 8/8): 8, 16, …, 128, 132; on an A100 (108, 4/2): 4, 6, …, 108.
+    pub fn quota_sms(&self, total: u32) -> Vec<u32> {
+        let step = self.step_sms.max(1);
+        let first = self.min_sms.max(1).div_ceil(step) * step;
+        let mut out: Vec<u32> = match self.largest_within(total) {
+            Some(top) => (first..=top).step_by(step as usize).collect(),
+            None => Vec::new(),
+        };
+        if total > 0 && out.last() != Some(&total) {
+            out.push(total);
+        }
+        out
     }
 }
 
+/// The whole number of SMs of a `total`-SM device that `quota` stands for: `quota × total`
+/// rounded, if the quota lies within [`SM_QUOTA_TOLERANCE`] of `sms / total` (and is
+/// positive); `None` for a quota between SM counts such as 0.1 of 132 SMs (13.2).
+pub fn quota_to_sms(quota: f64, total: u32) -> Option<u32> {
+    if !(quota.is_finite() && quota > 0.0) || total == 0 {
+        return None;
+    }
+    let sms = (quota * total as f64).round();
+    (sms >= 1.0 && (sms / total as f64 - quota).abs() <= SM_QUOTA_TOLERANCE).then_some(sms as u32)
+}
+
 /// SMs for a slot of `quota` on a device of `total` SMs: `quota × total` rounded to the nearest
-/// multiple of `g.step`, at least `g.min`, at most the largest allowed count within `total`.
+/// multiple of `g.step_sms`, at least `g.min_sms`, at most the largest allowed count within `total`.
 /// `None` if the quota is not positive (or not a number) or `total` cannot hold a partition.
 pub fn sms_for(quota: f64, total: u32, g: SmGranularity) -> Option<u32> {
     let cap = g.largest_within(total)?;
     if quota.is_nan() || quota <= 0.0 {
         return None;
     }
-    let step = g.step.max(1);
+    let step = g.step_sms.max(1);
     let want = (quota * total as f64 / step as f64).round();
     let rounded = (want.min(u32::MAX as f64) as u32).saturating_mul(step);
-    Some(rounded.max(g.min).min(cap))
+    Some(rounded.max(g.min_sms).min(cap))
 }
 
 /// SMs for every module of a stage that runs them at the same time: [`sms_for`] each quota of
 /// `total`, then, while the stage asks for more than `capacity` SMs (the SMs its partitions can
 /// be cut from), the module furthest above its exact share `quota × total` gives back
-/// `g.step` SMs (the first such module on a tie); a module never goes below `g.min`. Fails
+/// `g.step_sms` SMs (the first such module on a tie); a module never goes below `g.min_sms`. Fails
 /// when the stage cannot fit (too many modules for their minimum partitions) or a quota is not
 /// positive.
 pub fn partition_sms(
@@ -76,7 +115,7 @@ pub fn partition_sms(
     let cap = g.largest_within(capacity).ok_or_else(|| {
         format!(
             "{capacity} SMs hold no partition (of at least {} SMs)",
-            g.min
+            g.min_sms
         )
     })?;
     let mut sms = Vec::with_capacity(quotas.len());
@@ -86,10 +125,10 @@ pub fn partition_sms(
         })?;
         sms.push(n.min(cap));
     }
-    let step = g.step.max(1);
+    let step = g.step_sms.max(1);
     while sms.iter().map(|&n| n as u64).sum::<u64>() > capacity as u64 {
         let over = |i: usize| sms[i] as f64 - quotas[i] * total as f64;
-        let give = (0..sms.len()).filter(|&i| sms[i] >= g.min + step).fold(
+        let give = (0..sms.len()).filter(|&i| sms[i] >= g.min_sms + step).fold(
             None,
             |best: Option<usize>, i| match best {
                 Some(b) if over(b) >= over(i) => Some(b),
@@ -103,8 +142,8 @@ pub fn partition_sms(
                     "{} modules at once need at least {} SMs ({} each); {capacity} can be \
                      partitioned",
                     sms.len(),
-                    sms.len() as u64 * g.min as u64,
-                    g.min
+                    sms.len() as u64 * g.min_sms as u64,
+                    g.min_sms
                 ))
             }
         }
@@ -116,8 +155,14 @@ pub fn partition_sms(
 mod tests {
     use super::*;
 
-    const HOPPER: SmGranularity = SmGranularity { min: 8, step: 8 };
-    const AMPERE: SmGranularity = SmGranularity { min: 4, step: 2 };
+    const HOPPER: SmGranularity = SmGranularity {
+        min_sms: 8,
+        step_sms: 8,
+    };
+    const AMPERE: SmGranularity = SmGranularity {
+        min_sms: 4,
+        step_sms: 2,
+    };
 
     #[test]
     fn granularity_by_compute_capability() {
@@ -126,17 +171,54 @@ mod tests {
         assert_eq!(SmGranularity::for_compute_capability(8), AMPERE);
         assert_eq!(
             SmGranularity::for_compute_capability(7),
-            SmGranularity { min: 2, step: 2 }
+            SmGranularity {
+                min_sms: 2,
+                step_sms: 2
+            }
         );
         assert_eq!(
             SmGranularity::for_compute_capability(6),
-            SmGranularity { min: 1, step: 1 }
+            SmGranularity {
+                min_sms: 1,
+                step_sms: 1
+            }
         );
         assert!(HOPPER.allows(16) && !HOPPER.allows(12) && !HOPPER.allows(0));
         assert!(AMPERE.allows(6) && !AMPERE.allows(2) && !AMPERE.allows(7));
         assert_eq!(HOPPER.largest_within(132), Some(128));
         assert_eq!(AMPERE.largest_within(7), Some(6));
         assert_eq!(AMPERE.largest_within(3), None);
+    }
+
+    #[test]
+    fn the_quota_grid_is_every_split_partition_and_the_whole_gpu() {
+        let h100 = HOPPER.quota_sms(132);
+        assert_eq!(h100.len(), 17);
+        assert_eq!((h100[0], h100[15], h100[16]), (8, 128, 132));
+        assert!(h100[..16].iter().all(|&n| HOPPER.allows(n)));
+        let a100 = AMPERE.quota_sms(108);
+        assert_eq!((a100[0], a100[1], *a100.last().unwrap()), (4, 6, 108));
+        assert_eq!(a100.len(), 53, "4..=108 in steps of 2, 108 once");
+        // A minimum that is not a multiple of the step starts at the next multiple.
+        let odd = SmGranularity {
+            min_sms: 3,
+            step_sms: 2,
+        };
+        assert_eq!(odd.quota_sms(9), vec![4, 6, 8, 9]);
+        // A device smaller than a partition: only the whole device.
+        assert_eq!(HOPPER.quota_sms(6), vec![6]);
+    }
+
+    #[test]
+    fn quotas_read_as_whole_sm_counts_within_the_tolerance() {
+        // The measured profile writes 16/132 as 0.1212 and 80/132 as 0.6061.
+        assert_eq!(quota_to_sms(0.1212, 132), Some(16));
+        assert_eq!(quota_to_sms(0.6061, 132), Some(80));
+        assert_eq!(quota_to_sms(1.0, 132), Some(132));
+        assert_eq!(quota_to_sms(0.1, 132), None, "13.2 SMs");
+        assert_eq!(quota_to_sms(0.0, 132), None);
+        assert_eq!(quota_to_sms(f64::NAN, 132), None);
+        assert_eq!(quota_to_sms(0.001, 132), None, "0.132 SMs is no SM");
     }
 
     #[test]

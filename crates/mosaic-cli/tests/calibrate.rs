@@ -1,0 +1,234 @@
+//! `mosaic calibrate`, and `--calibration FILE` in the commands that profile, as a user runs
+//! them.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+mod common;
+use common::{dir, json_of, mosaic, mosaic_line, read_json, refused, s, stderr, stdout};
+
+/// The H100 measurements of CLIP shared in the workspace's `examples/`.
+fn clip_profile() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/h100-clip-profile.json")
+}
+
+/// Runs `line`, which must succeed.
+fn ok(line: &str) {
+    let o = mosaic_line(line);
+    assert!(o.status.success(), "{line}: {}", stderr(&o));
+}
+
+/// `mosaic calibrate` on the CLIP measurements with `extra` flags; it must succeed.
+fn calibrate(extra: &str) -> std::process::Output {
+    let line = format!(
+        "calibrate --profiles {} --model clip --device h100 {extra}",
+        s(&clip_profile())
+    );
+    let o = mosaic_line(&line);
+    assert!(o.status.success(), "{line}: {}", stderr(&o));
+    o
+}
+
+/// Calibrates on the CLIP measurements into `d/calibration.json`, and writes beside it
+/// `d/slow.json`, the same constants with `launch_us` host time per kernel launch.
+fn calibrations(d: &std::path::Path, launch_us: f64) -> (PathBuf, PathBuf) {
+    let out = d.join("calibration.json");
+    calibrate(&format!("--out {}", s(&out)));
+    let mut slow = read_json(&out);
+    slow["constants"]["launch_us"] = launch_us.into();
+    let slow_path = d.join("slow.json");
+    std::fs::write(&slow_path, slow.to_string()).unwrap();
+    (out, slow_path)
+}
+
+#[test]
+fn calibrate_writes_a_versioned_file_and_reports_held_out_accuracy() {
+    let d = dir("calibrate");
+    let out = d.join("calibration.json");
+    let o = calibrate(&format!("--out {}", s(&out)));
+    let text = stdout(&o);
+    for word in ["sm_exponent", "launch_us", "held-out", "assumed", "all"] {
+        assert!(text.contains(word), "{word} in {text}");
+    }
+    let file = read_json(&out);
+    assert_eq!(file["format"], "mosaic-calibration/1");
+    assert_eq!(file["fitted_on"]["model"], "clip");
+    assert_eq!(file["fitted_on"]["modules"].as_array().unwrap().len(), 3);
+    assert_eq!(file["fitted"].as_array().unwrap().len(), 6);
+    assert!(file["error"]["mean_rel"].as_f64().unwrap() < 0.1);
+    // The built-in default is this very fit.
+    let gamma = file["constants"]["sm_exponent"].as_f64().unwrap();
+    assert!((gamma - 0.79).abs() < 0.01, "{gamma}");
+
+    let v: Value = serde_json::from_slice(&calibrate("--json").stdout).expect("stdout is JSON");
+    let rows = v["accuracy"].as_array().unwrap();
+    let all = rows.iter().find(|r| r["module"] == "all").unwrap();
+    let held_dp1 = all["held_out_dp1"]["mean_rel"].as_f64().unwrap();
+    let held = all["held_out"]["mean_rel"].as_f64().unwrap();
+    assert!(held_dp1 <= 0.15 && held <= 0.25, "{all}");
+    assert!(all["in_sample"]["mean_rel"].as_f64() < all["assumed"]["mean_rel"].as_f64());
+    assert_eq!(v["calibration"]["format"], "mosaic-calibration/1");
+}
+
+#[test]
+fn calibrate_refuses_inputs_that_do_not_fit() {
+    let d = dir("calibrate-bad");
+    let profile = clip_profile();
+    let mut renamed: Value = read_json(&profile);
+    renamed["modules"][1]["name"] = "txt".into();
+    renamed["modules"][2]["after"][1] = "txt".into();
+    let renamed_path = d.join("renamed.json");
+    std::fs::write(&renamed_path, renamed.to_string()).unwrap();
+    let mut wrong: Value = read_json(&profile);
+    wrong["format"] = "mosaic-profiles/9".into();
+    let wrong_path = d.join("wrong.json");
+    std::fs::write(&wrong_path, wrong.to_string()).unwrap();
+    let p = s(&profile);
+    refused(&[
+        (
+            format!(
+                "calibrate --profiles {}/missing.json --model clip --device h100",
+                s(&d)
+            ),
+            "missing.json",
+        ),
+        (
+            format!(
+                "calibrate --profiles {} --model clip --device h100",
+                s(&wrong_path)
+            ),
+            "format",
+        ),
+        (
+            format!("calibrate --profiles {p} --model clip --device tpu"),
+            "unknown device `tpu`",
+        ),
+        (
+            format!("calibrate --profiles {p} --model clip --device a100"),
+            "field `device`",
+        ),
+        (
+            format!("calibrate --profiles {p} --model ofasys --device h100"),
+            "modules[2].name",
+        ),
+        (
+            format!(
+                "calibrate --profiles {} --model clip --device h100",
+                s(&renamed_path)
+            ),
+            "modules[1].name",
+        ),
+    ]);
+}
+
+#[test]
+fn commands_take_a_calibration_file_and_refuse_bad_ones() {
+    let d = dir("calibration-flag");
+    // A calibration that launches kernels ten times slower makes small modules slower.
+    let (out, slow_path) = calibrations(&d, 400.0);
+    let time = |cal: &PathBuf| -> f64 {
+        let o = mosaic(&[
+            "profile",
+            "--model",
+            "imagebind",
+            "--cluster",
+            "h100x8",
+            "--calibration",
+            s(cal),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let imu = v["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "imu")
+            .unwrap();
+        imu["samples"][0]["time_ms"].as_f64().unwrap()
+    };
+    assert!(time(&slow_path) > 3.0 * time(&out));
+    let v = json_of(&[
+        "compare",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--calibration",
+        s(&slow_path),
+        "--json",
+    ]);
+    assert!(v["input"]["label"].as_str().unwrap().contains("slow.json"));
+
+    let mut unknown = read_json(&out);
+    unknown["constants"]["warp_speed"] = 9.0.into();
+    let mut negative = read_json(&out);
+    negative["constants"]["bw_saturation"] = (-0.5).into();
+    let mut format = read_json(&out);
+    format["format"] = "mosaic-calibration/2".into();
+    let write = |name: &str, v: &Value| {
+        let p = d.join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        s(&p).to_string()
+    };
+    let (unknown, negative, format) = (
+        write("unknown.json", &unknown),
+        write("negative.json", &negative),
+        write("format.json", &format),
+    );
+    let missing = format!("{}/missing.json", s(&d));
+    refused(&[
+        (
+            format!("profile --model clip --cluster h100x8 --calibration {missing}"),
+            "missing.json",
+        ),
+        (
+            format!("profile --model clip --cluster h100x8 --calibration {format}"),
+            "field `format`",
+        ),
+        (
+            format!("compare --model clip --cluster h100x8 --calibration {unknown}"),
+            "warp_speed",
+        ),
+        (
+            format!("report --out {}/r --calibration {negative}", s(&d)),
+            "field `constants.bw_saturation`",
+        ),
+        (
+            format!("simulate --plan {missing} --calibration {negative}"),
+            "missing.json",
+        ),
+        (
+            format!(
+                "compare --profiles {} --gpus 8 --calibration {}",
+                s(&clip_profile()),
+                s(&out)
+            ),
+            "--calibration",
+        ),
+    ]);
+}
+
+#[test]
+fn simulate_runs_a_plan_under_a_calibration() {
+    let d = dir("simulate-calibration");
+    let plan = d.join("plan.json");
+    ok(&format!(
+        "plan --model clip --cluster h100x8 --out {}",
+        s(&plan)
+    ));
+    let (cal, slow_path) = calibrations(&d, 400.0);
+    let at = |c: &PathBuf| {
+        json_of(&[
+            "simulate",
+            "--plan",
+            s(&plan),
+            "--calibration",
+            s(c),
+            "--json",
+        ])["iteration_ms"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(at(&slow_path) > at(&cal));
+}

@@ -1,0 +1,103 @@
+//! The device model's free constants: the ones `mosaic calibrate` fits to a measured profile.
+
+use crate::analytic::Calibration;
+
+/// A constant of [`Calibration`] that is fitted to measurements rather than assumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FreeConstant {
+    /// [`Calibration::gemm_efficiency`].
+    GemmEfficiency,
+    /// [`Calibration::rows_half`].
+    RowsHalf,
+    /// [`Calibration::sm_exponent`].
+    SmExponent,
+    /// [`Calibration::bw_saturation`].
+    BwSaturation,
+    /// [`Calibration::launch_step_ms`].
+    LaunchStepMs,
+    /// [`Calibration::launch_us`].
+    LaunchUs,
+}
+
+impl FreeConstant {
+    /// Every free constant, in the order fits report them.
+    pub const ALL: [FreeConstant; 6] = [
+        FreeConstant::GemmEfficiency,
+        FreeConstant::RowsHalf,
+        FreeConstant::SmExponent,
+        FreeConstant::BwSaturation,
+        FreeConstant::LaunchStepMs,
+        FreeConstant::LaunchUs,
+    ];
+
+    /// The field's name in [`Calibration`] (and in `mosaic-calibration/1` files).
+    pub fn name(self) -> &'static str {
+        match self {
+            FreeConstant::GemmEfficiency => "gemm_efficiency",
+            FreeConstant::RowsHalf => "rows_half",
+            FreeConstant::SmExponent => "sm_exponent",
+            FreeConstant::BwSaturation => "bw_saturation",
+            FreeConstant::LaunchStepMs => "launch_step_ms",
+            FreeConstant::LaunchUs => "launch_us",
+        }
+    }
+
+    /// The range a fit may take it in (physical limits, open at 0): efficiencies and
+    /// fractions in (0, 1], the exponent in [0.3, 1.2], times and rows positive.
+    pub fn bounds(self) -> (f64, f64) {
+        match self {
+            FreeConstant::GemmEfficiency => (0.01, 1.0),
+            FreeConstant::RowsHalf => (0.1, 1e5),
+            FreeConstant::SmExponent => (0.3, 1.2),
+            FreeConstant::BwSaturation => (0.02, 1.0),
+            FreeConstant::LaunchStepMs => (1e-3, 100.0),
+            FreeConstant::LaunchUs => (0.01, 1000.0),
+        }
+    }
+
+    /// Its value in `cal`.
+    pub fn get(self, cal: &Calibration) -> f64 {
+        match self {
+            FreeConstant::GemmEfficiency => cal.gemm_efficiency,
+            FreeConstant::RowsHalf => cal.rows_half,
+            FreeConstant::SmExponent => cal.sm_exponent,
+            FreeConstant::BwSaturation => cal.bw_saturation,
+            FreeConstant::LaunchStepMs => cal.launch_step_ms,
+            FreeConstant::LaunchUs => cal.launch_us,
+        }
+    }
+
+    /// `cal` with it set to `value`.
+    pub fn set(self, cal: &mut Calibration, value: f64) {
+        let field = match self {
+            FreeConstant::GemmEfficiency => &mut cal.gemm_efficiency,
+            FreeConstant::RowsHalf => &mut cal.rows_half,
+            FreeConstant::SmExponent => &mut cal.sm_exponent,
+            FreeConstant::BwSaturation => &mut cal.bw_saturation,
+            FreeConstant::LaunchStepMs => &mut cal.launch_step_ms,
+            FreeConstant::LaunchUs => &mut cal.launch_us,
+        };
+        *field = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_then_get_round_trips_and_defaults_lie_in_bounds() {
+        let mut cal = Calibration::default();
+        for c in FreeConstant::ALL {
+            let (lo, hi) = c.bounds();
+            let v = c.get(&Calibration::default());
+            assert!(
+                v >= lo && v <= hi,
+                "{} = {v} outside [{lo}, {hi}]",
+                c.name()
+            );
+            c.set(&mut cal, 0.5 * (lo + hi));
+            assert_eq!(c.get(&cal), 0.5 * (lo + hi));
+        }
+    }
+}
