@@ -86,7 +86,9 @@ fn main() -> ExitCode {
                 || matches!(
                     e.downcast_ref::<mosaic_plan::PlanError>(),
                     Some(
-                        mosaic_plan::PlanError::Unplaceable { .. } | mosaic_plan::PlanError::NoGpus
+                        mosaic_plan::PlanError::Unplaceable { .. }
+                            | mosaic_plan::PlanError::NoGpus
+                            | mosaic_plan::PlanError::TooManyGpus { .. }
                     )
                 );
             ExitCode::from(if bad_input { 2 } else { 1 })

@@ -329,3 +329,29 @@ fn bench_refuses_to_measure_nothing() {
         ("bench --seeds 0", "--seeds"),
     ]);
 }
+
+/// Sizes beyond the planner's limits are refused at once, naming the input and the limit.
+#[test]
+fn runaway_sizes_are_refused_naming_the_limit() {
+    let example = example();
+    let e = example.to_str().unwrap();
+    // A profile without an SM partition rule, where --granularity sets the quota grid.
+    let path = temp("fine-granularity.json");
+    std::fs::write(&path, small().to_string()).unwrap();
+    let fine = path.to_str().unwrap();
+    refused(&[
+        (
+            "plan --model clip --cluster h100x1000000000".to_string(),
+            "more than the 65536",
+        ),
+        (format!("plan --profiles {e} --gpus 100000"), "--gpus"),
+        (
+            format!("plan --profiles {fine} --gpus 2 --granularity 0.000000001"),
+            "--granularity",
+        ),
+        (
+            "compare --model qwen3-vl --cluster h100x8 --global-batch 1".to_string(),
+            "raise --global-batch",
+        ),
+    ]);
+}

@@ -242,6 +242,15 @@ pub enum CompareError {
         /// Device memory.
         memory_gib: f64,
     },
+    /// No deployment of a strategy fits the pool under the options (e.g. DistTrain when a small
+    /// `--global-batch` leaves a replica no sample of a microbatch).
+    #[error("{strategy}: {reason}")]
+    NoFit {
+        /// The strategy's display name.
+        strategy: &'static str,
+        /// Why nothing fits, and what to change.
+        reason: String,
+    },
     /// The stage search failed for a strategy.
     #[error("{strategy}: {source}")]
     Plan {

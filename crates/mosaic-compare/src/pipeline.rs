@@ -222,8 +222,16 @@ pub fn disttrain(
             break; // the least-merged grouping that fits
         }
     }
-    let (t, _, n, groups, level) =
-        best.expect("one group on the whole pool fits: every module has a whole-GPU option");
+    let Some((t, _, n, groups, level)) = best else {
+        return Err(CompareError::NoFit {
+            strategy: "DistTrain",
+            reason: format!(
+                "no grouping of the modules fits {gpus} GPU(s) when every replica needs a sample \
+                 of every microbatch of the global batch of {}; raise --global-batch",
+                opts.global_batch.map_or("?".into(), |b| b.to_string())
+            ),
+        });
+    };
     let iteration_ms = round_ms(t);
     let refs: Vec<&GroupRun> = groups.iter().collect();
     let util = ledger_of(&refs, gpus).utilisation(iteration_ms);

@@ -11,6 +11,12 @@ pub enum PlanError {
     /// The pool has no GPU.
     #[error("--gpus: expected at least one GPU")]
     NoGpus,
+    /// A pool larger than the planner takes.
+    #[error("--gpus: {gpus} GPUs is more than the {max} the planner takes", max = crate::MAX_GPUS)]
+    TooManyGpus {
+        /// The pool asked for.
+        gpus: u32,
+    },
     /// A module has no profiled candidate that fits the pool.
     #[error(
         "module \"{module}\" cannot be placed on {gpus} GPU(s): no profiled dp ≤ {gpus} fits in \
@@ -149,8 +155,13 @@ pub enum PlanFileError {
         /// GPUs listed.
         gpus: usize,
     },
-    /// A quota outside (0, 1].
-    #[error("{file}: field `{field}`: SM quota {sm} outside (0, 1]", file = file.display())]
+    /// A quota outside (0, 1], or below [`crate::MIN_QUOTA`].
+    #[error(
+        "{file}: field `{field}`: SM quota {sm:?} outside (0, 1] or below {min}, less than one SM \
+         of any GPU",
+        file = file.display(),
+        min = crate::MIN_QUOTA
+    )]
     BadQuota {
         /// The plan file.
         file: PathBuf,
@@ -158,6 +169,18 @@ pub enum PlanFileError {
         field: String,
         /// The quota.
         sm: f64,
+    },
+    /// A time, memory or quota figure that is not a finite number in its range.
+    #[error("{file}: field `{field}`: {value:?} is not a number from 0 to {max:e}", file = file.display())]
+    BadNumber {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].time_ms`.
+        field: String,
+        /// The value found.
+        value: f64,
+        /// The largest value accepted.
+        max: f64,
     },
     /// A GPU index outside the plan's pool.
     #[error(
@@ -219,6 +242,7 @@ impl PlanFileError {
             | E::Order { field, .. }
             | E::DpMismatch { field, .. }
             | E::BadQuota { field, .. }
+            | E::BadNumber { field, .. }
             | E::GpuOutOfRange { field, .. }
             | E::RepeatedGpu { field, .. }
             | E::Oversubscribed { field, .. } => Some(field),
@@ -238,6 +262,7 @@ impl PlanFileError {
             | E::Order { file, .. }
             | E::DpMismatch { file, .. }
             | E::BadQuota { file, .. }
+            | E::BadNumber { file, .. }
             | E::GpuOutOfRange { file, .. }
             | E::RepeatedGpu { file, .. }
             | E::Oversubscribed { file, .. } => file,

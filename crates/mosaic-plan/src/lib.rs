@@ -54,6 +54,15 @@ pub use plan::{Plan, PlanModule, PlanStage, PLAN_FORMAT};
 pub use read::{load_plan, parse_plan, Assignment, ModuleGraph};
 pub use stage_eval::{stage_eval, Placement, StageAlloc};
 
+/// The least SM quota a plan may give a module: 0.1 % of a GPU, below one SM of any GPU (an
+/// H100's SM is 0.76 %), so that no quota is a denormal the simulator cannot run.
+pub const MIN_QUOTA: f64 = 1e-3;
+
+/// The largest pool the planner takes. With at most
+/// [`mosaic_profile::MAX_QUOTA_UNITS`] quota units per GPU, every count of units over the pool
+/// (at most 65,536 × 10,000 < 2³²) fits the solvers' `u32` arithmetic.
+pub const MAX_GPUS: u32 = 1 << 16;
+
 /// A model's modules and their candidates on a pool of identical GPUs.
 pub struct Problem<'m> {
     /// The performance model.
@@ -69,6 +78,9 @@ impl<'m> Problem<'m> {
     pub fn new(model: &'m PerfModel, gpus: u32) -> Result<Self, PlanError> {
         if gpus == 0 {
             return Err(PlanError::NoGpus);
+        }
+        if gpus > MAX_GPUS {
+            return Err(PlanError::TooManyGpus { gpus });
         }
         let cands: Vec<Candidates> = model
             .modules

@@ -111,6 +111,7 @@ impl Plan {
                 found: format!("\"{}\"", self.format),
             });
         }
+        check_numbers(self, file)?;
         let mut r = Resolver {
             file,
             graph,
@@ -153,6 +154,43 @@ impl Plan {
     }
 }
 
+/// The largest time a plan may state, in ms (about eleven days an iteration).
+const MAX_TIME_MS: f64 = 1e9;
+/// The largest memory a plan may state per GPU, in GiB.
+const MAX_MEM_GIB: f64 = 1e6;
+
+/// Every time, memory and per-GPU quota figure of the plan is a finite number in its range, so
+/// that sums over the plan stay finite (an infinite total would be written as `null`).
+fn check_numbers(plan: &Plan, file: &Path) -> Result<(), PlanFileError> {
+    let check = |field: String, value: f64, max: f64| {
+        if (0.0..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(PlanFileError::BadNumber {
+                file: file.to_path_buf(),
+                field,
+                value,
+                max,
+            })
+        }
+    };
+    check("iteration_ms".into(), plan.iteration_ms, MAX_TIME_MS)?;
+    check("solve_ms".into(), plan.solve_ms, MAX_TIME_MS)?;
+    for (si, s) in plan.stages.iter().enumerate() {
+        check(format!("stages[{si}].time_ms"), s.time_ms, MAX_TIME_MS)?;
+        for (g, &q) in s.gpu_quota.iter().enumerate() {
+            check(format!("stages[{si}].gpu_quota[{g}]"), q, 1.0 + 1e-6)?;
+        }
+        for (mi, m) in s.modules.iter().enumerate() {
+            let at = format!("stages[{si}].modules[{mi}]");
+            check(format!("{at}.time_ms"), m.time_ms, MAX_TIME_MS)?;
+            check(format!("{at}.base_ms"), m.base_ms, MAX_TIME_MS)?;
+            check(format!("{at}.mem_gib"), m.mem_gib, MAX_MEM_GIB)?;
+        }
+    }
+    Ok(())
+}
+
 /// The state of one resolution: where each module was placed so far.
 struct Resolver<'a> {
     file: &'a Path,
@@ -190,7 +228,7 @@ impl Resolver<'_> {
         quota: &mut [f64],
     ) -> Result<Assignment, PlanFileError> {
         let module = self.name(si, at, &m.name)?;
-        if !(m.sm > 0.0 && m.sm <= 1.0) {
+        if !(m.sm >= crate::MIN_QUOTA && m.sm <= 1.0) {
             return Err(PlanFileError::BadQuota {
                 file: self.file(),
                 field: format!("{at}.sm"),

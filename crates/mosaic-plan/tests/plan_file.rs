@@ -135,7 +135,7 @@ fn every_broken_rule_is_refused_at_its_field() {
     );
     assert_eq!(field(&e), "stages[0].modules[0].name");
 
-    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+    for bad in [0.0, -0.5, 1.5, f64::NAN, 1e-320, 0.0009] {
         let e = refuse(|p| p.stages[1].modules[0].sm = bad);
         assert!(matches!(e, E::BadQuota { .. }), "{e}");
         assert_eq!(field(&e), "stages[1].modules[0].sm");
@@ -170,6 +170,25 @@ fn every_broken_rule_is_refused_at_its_field() {
         (m.dp, m.gpus) = (0, vec![]);
     });
     assert!(matches!(e, E::DpMismatch { dp: 0, .. }), "{e}");
+
+    // Times and memory that would make the plan's totals infinite or negative.
+    for (edit, at) in [
+        (
+            (|p: &mut Plan| p.stages[1].modules[0].time_ms = f64::MAX) as fn(&mut Plan),
+            "stages[1].modules[0].time_ms",
+        ),
+        (|p| p.stages[0].time_ms = -1.0, "stages[0].time_ms"),
+        (|p| p.iteration_ms = f64::INFINITY, "iteration_ms"),
+        (
+            |p| p.stages[0].modules[1].mem_gib = 1e300,
+            "stages[0].modules[1].mem_gib",
+        ),
+        (|p| p.stages[0].gpu_quota[0] = 2.0, "stages[0].gpu_quota[0]"),
+    ] {
+        let e = refuse(edit);
+        assert!(matches!(e, E::BadNumber { .. }), "{e}");
+        assert_eq!(field(&e), at, "{e}");
+    }
 
     // Both encoders on GPU 0 at a whole GPU each.
     let e = refuse(|p| {

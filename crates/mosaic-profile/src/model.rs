@@ -103,6 +103,11 @@ pub struct ModuleModel {
     pub options: Vec<QuotaOption>,
 }
 
+/// The most quota units a GPU is divided into: a `--granularity` of at least 1/10,000, or a
+/// device of at most 10,000 SMs. Finer grids add candidates without changing any plan, and the
+/// bound keeps the planner's unit counts within `u32`.
+pub const MAX_QUOTA_UNITS: u32 = 10_000;
+
 /// The performance model of one model on one device kind at one quota granularity.
 #[derive(Debug, Clone)]
 pub struct PerfModel {
@@ -147,11 +152,12 @@ impl PerfModel {
                 let units = (1.0 / granularity).round();
                 if !(granularity > 0.0 && granularity <= 1.0)
                     || (units * granularity - 1.0).abs() > 1e-9
+                    || units > MAX_QUOTA_UNITS as f64
                 {
                     return Err(ProfileError::invalid(
                         file,
                         "granularity",
-                        format!("expected a quota step in (0, 1] that divides 1 (e.g. 0.1, 0.05), found {granularity}"),
+                        format!("expected a quota step in [1/{MAX_QUOTA_UNITS}, 1] that divides 1 (e.g. 0.1, 0.05), found {granularity}"),
                     ));
                 }
                 (units as u32, (1..=units as u32).collect())

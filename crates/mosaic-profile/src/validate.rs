@@ -103,10 +103,10 @@ fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
 /// Checks that the device has SMs and a positive, finite memory capacity.
 fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
     check(
-        d.sm_count > 0,
+        d.sm_count > 0 && d.sm_count <= crate::MAX_QUOTA_UNITS,
         file,
         || "device.sm_count".into(),
-        "expected a positive SM count",
+        "expected an SM count from 1 to 10,000",
     )?;
     check(
         d.memory_gib.is_finite() && d.memory_gib > 0.0,

@@ -149,6 +149,10 @@ pub fn devices() -> Vec<DeviceSpec> {
 fn make(device: DeviceSpec, gpus: u32) -> Result<ClusterSpec, String> {
     let (gpus_per_node, nodes) = match gpus {
         0 => return Err("expected at least 1 GPU".into()),
+        // The planner's limit (mosaic_plan::MAX_GPUS, which this crate does not depend on).
+        g if g > 1 << 16 => {
+            return Err(format!("{g} GPUs is more than the 65536 the planner takes"))
+        }
         g if g <= GPUS_PER_NODE => (g, 1),
         g if g % GPUS_PER_NODE == 0 => (GPUS_PER_NODE, g / GPUS_PER_NODE),
         g => {

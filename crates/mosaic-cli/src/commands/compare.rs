@@ -94,8 +94,9 @@ pub fn run(args: Args) -> Result<()> {
     let rows = compare(&input.model, input.gpus, &opts).map_err(|e| match e {
         CompareError::NoGpus
         | CompareError::NoWholeGpu { .. }
+        | CompareError::NoFit { .. }
         | CompareError::Plan {
-            source: PlanError::Unplaceable { .. },
+            source: PlanError::Unplaceable { .. } | PlanError::TooManyGpus { .. },
             ..
         } => anyhow::Error::from(BadInput(format!("{}: {e}", input.name))),
         other => anyhow::Error::from(other).context(format!("{}: no comparison", input.name)),
