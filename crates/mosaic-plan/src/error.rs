@@ -182,6 +182,18 @@ pub enum PlanFileError {
         /// The largest value accepted.
         max: f64,
     },
+    /// A pool of no GPU, or of more than [`crate::MAX_GPUS`].
+    #[error(
+        "{file}: field `gpus`: a plan's pool is 1 to {max} GPUs, found {gpus}",
+        file = file.display(),
+        max = crate::MAX_GPUS
+    )]
+    PoolSize {
+        /// The plan file.
+        file: PathBuf,
+        /// The pool size found.
+        gpus: u32,
+    },
     /// A GPU index outside the plan's pool.
     #[error(
         "{file}: field `{field}`: GPU {gpu} is outside the pool of {pool} GPU(s) (GPUs are \
@@ -236,6 +248,7 @@ impl PlanFileError {
             E::Io { .. } => None,
             E::Format { .. } => Some("format"),
             E::MissingModule { .. } => Some("stages"),
+            E::PoolSize { .. } => Some("gpus"),
             E::Syntax { field, .. }
             | E::UnknownModule { field, .. }
             | E::DuplicateModule { field, .. }
@@ -263,6 +276,7 @@ impl PlanFileError {
             | E::DpMismatch { file, .. }
             | E::BadQuota { file, .. }
             | E::BadNumber { file, .. }
+            | E::PoolSize { file, .. }
             | E::GpuOutOfRange { file, .. }
             | E::RepeatedGpu { file, .. }
             | E::Oversubscribed { file, .. } => file,

@@ -58,10 +58,7 @@ pub use stage_eval::{stage_eval, Placement, StageAlloc};
 /// H100's SM is 0.76 %), so that no quota is a denormal the simulator cannot run.
 pub const MIN_QUOTA: f64 = 1e-3;
 
-/// The largest pool the planner takes. With at most
-/// [`mosaic_profile::MAX_QUOTA_UNITS`] quota units per GPU, every count of units over the pool
-/// (at most 65,536 × 10,000 < 2³²) fits the solvers' `u32` arithmetic.
-pub const MAX_GPUS: u32 = 1 << 16;
+pub use mosaic_profile::MAX_GPUS;
 
 /// A model's modules and their candidates on a pool of identical GPUs.
 pub struct Problem<'m> {

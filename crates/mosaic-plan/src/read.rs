@@ -111,6 +111,12 @@ impl Plan {
                 found: format!("\"{}\"", self.format),
             });
         }
+        if self.gpus == 0 || self.gpus > crate::MAX_GPUS {
+            return Err(PlanFileError::PoolSize {
+                file: file.to_path_buf(),
+                gpus: self.gpus,
+            });
+        }
         check_numbers(self, file)?;
         let mut r = Resolver {
             file,

@@ -171,6 +171,14 @@ fn every_broken_rule_is_refused_at_its_field() {
     });
     assert!(matches!(e, E::DpMismatch { dp: 0, .. }), "{e}");
 
+    for gpus in [0, 4_000_000_000] {
+        let e = refuse(|p| p.gpus = gpus);
+        assert!(
+            matches!(e, E::PoolSize { .. }) && field(&e) == "gpus",
+            "{e}"
+        );
+    }
+
     // Times and memory that would make the plan's totals infinite or negative.
     for (edit, at) in [
         (

@@ -90,8 +90,12 @@ pub fn parse_colocations(
                     &format!("\"{}\" appears twice in one colocation", m.name),
                 );
             }
-            if m.dp < 1 {
-                return bad(f("dp"), "expected a data-parallel degree of at least 1");
+            if m.dp < 1 || m.dp > crate::MAX_GPUS {
+                return bad(
+                    f("dp"),
+                    "expected a data-parallel degree from 1 to 65536 (the largest pool the \
+                     planner takes)",
+                );
             }
             if !(m.sm.is_finite() && m.sm > 0.0 && m.sm <= 1.0) {
                 return bad(f("sm"), "expected an SM quota in (0, 1]");

@@ -58,6 +58,8 @@ pub use colocations::{
 };
 pub use error::ProfileError;
 pub use format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
-pub use model::{ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_MODULES, MAX_QUOTA_UNITS};
+pub use model::{
+    ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_GPUS, MAX_MODULES, MAX_QUOTA_UNITS,
+};
 pub use partition::{partition_sms, quota_to_sms, sms_for, SmGranularity, SM_QUOTA_TOLERANCE};
 pub use validate::{load, parse};

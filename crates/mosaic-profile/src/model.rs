@@ -103,6 +103,11 @@ pub struct ModuleModel {
     pub options: Vec<QuotaOption>,
 }
 
+/// The largest pool of GPUs anything here plans, profiles or simulates: a profile's `dp` and a
+/// plan's `gpus` are at most this. With at most [`MAX_QUOTA_UNITS`] units per GPU, every count
+/// of units over a pool (at most 65,536 × 10,000 < 2³²) fits the solvers' `u32` arithmetic.
+pub const MAX_GPUS: u32 = 1 << 16;
+
 /// The most quota units a GPU is divided into: a `--granularity` of at least 1/10,000, or a
 /// device of at most 10,000 SMs. Finer grids add candidates without changing any plan, and the
 /// bound keeps the planner's unit counts within `u32`.

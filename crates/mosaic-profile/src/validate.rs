@@ -264,10 +264,10 @@ fn check_sample_ranges(
     f: impl Fn(&str) -> String,
 ) -> Result<(), ProfileError> {
     check(
-        s.dp >= 1,
+        s.dp >= 1 && s.dp <= crate::MAX_GPUS,
         file,
         || f("dp"),
-        "expected a data-parallel degree of at least 1",
+        "expected a data-parallel degree from 1 to 65536 (the largest pool the planner takes)",
     )?;
     check(
         s.sm.is_finite() && s.sm > 0.0 && s.sm <= 1.0,
