@@ -194,49 +194,6 @@ fn a_checkpoint_restores_the_run_exactly() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A truncated or corrupted checkpoint is refused, naming what is wrong, and the trainer
-/// loading it is left exactly as it was (nothing half-loaded).
-#[test]
-fn a_damaged_checkpoint_is_refused_and_changes_nothing() {
-    let dir = std::env::temp_dir().join(format!("mosaic-engine-bad-{}", std::process::id()));
-    let mut t = trainer("clip-tiny", None);
-    losses(&mut t, 2);
-    let path = checkpoint::save(&t, &dir).unwrap();
-    let good = std::fs::read(&path).unwrap();
-    let params = |t: &Trainer| -> Vec<Vec<f32>> {
-        (t.model().modules.iter())
-            .flat_map(|m| {
-                m.params
-                    .iter()
-                    .map(|(_, v)| to_f32s(v.as_tensor()).unwrap())
-            })
-            .collect()
-    };
-    let damaged = |bytes: Vec<u8>, field: &str| {
-        std::fs::write(&path, bytes).unwrap();
-        let mut fresh = trainer("clip-tiny", None);
-        let before = params(&fresh);
-        let e = checkpoint::load(&mut fresh, &path).unwrap_err();
-        assert!(
-            matches!(&e, EngineError::Checkpoint { field: f, .. } if f == field),
-            "{field}: {e}"
-        );
-        assert!(e.is_bad_input());
-        assert_eq!(fresh.step_count(), 0);
-        assert_eq!(params(&fresh), before, "{field}: the trainer changed");
-    };
-    // One bit flipped in the last tensor's data (the end of the file).
-    let mut flipped = good.clone();
-    *flipped.last_mut().unwrap() ^= 0x10;
-    damaged(flipped, "crc32");
-    // Cut short: safetensors finds the header and the data lengths inconsistent.
-    damaged(good[..good.len() - 100].to_vec(), "(file)");
-    damaged(good[..4].to_vec(), "(file)");
-    std::fs::write(&path, &good).unwrap();
-    checkpoint::load(&mut trainer("clip-tiny", None), &path).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
-}
-
 #[test]
 fn bad_plans_are_refused_naming_the_field() {
     let m = model("clip-tiny");

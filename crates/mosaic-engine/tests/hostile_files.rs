@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use mosaic_engine::models::{self, nn::to_f32s, TensorFile};
 use mosaic_engine::runtime::checkpoint;
-use mosaic_engine::{Device, Schedule, TrainConfig, Trainer};
+use mosaic_engine::{Device, EngineError, Schedule, TrainConfig, Trainer};
 use proptest::prelude::*;
 
 fn trainer() -> Trainer {
@@ -105,6 +105,41 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
     path
+}
+
+/// A truncated or corrupted checkpoint is refused, naming what is wrong, and the trainer
+/// loading it is left exactly as it was (nothing half-loaded).
+#[test]
+fn a_damaged_checkpoint_is_refused_and_changes_nothing() {
+    let dir = std::env::temp_dir().join(format!("mosaic-engine-bad-{}", std::process::id()));
+    let mut t = trainer();
+    t.step().unwrap();
+    t.step().unwrap();
+    let path = checkpoint::save(&t, &dir).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let damaged = |bytes: Vec<u8>, field: &str| {
+        std::fs::write(&path, bytes).unwrap();
+        let mut fresh = trainer();
+        let before = params(&fresh);
+        let e = checkpoint::load(&mut fresh, &path).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Checkpoint { field: f, .. } if f == field),
+            "{field}: {e}"
+        );
+        assert!(e.is_bad_input());
+        assert_eq!(fresh.step_count(), 0);
+        assert_eq!(params(&fresh), before, "{field}: the trainer changed");
+    };
+    // One bit flipped in the last tensor's data (the end of the file).
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    damaged(flipped, "crc32");
+    // Cut short: safetensors finds the header and the data lengths inconsistent.
+    damaged(good[..good.len() - 100].to_vec(), "(file)");
+    damaged(good[..4].to_vec(), "(file)");
+    std::fs::write(&path, &good).unwrap();
+    checkpoint::load(&mut trainer(), &path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 proptest! {
