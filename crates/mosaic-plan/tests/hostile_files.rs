@@ -156,7 +156,7 @@ fn damage(good: &Value, mutations: &[Mutation]) -> String {
     let mut b = v.to_string().into_bytes();
     for m in bytes_edits {
         match m {
-            Mutation::Flip(i, x) => {
+            Mutation::Flip(i, x) if !b.is_empty() => {
                 let n = b.len();
                 b[i % n] ^= x;
             }
