@@ -439,43 +439,49 @@ pub fn accuracy(
     rows
 }
 
-/// Checks the constants of a calibration file: every one finite and ≥ 0, efficiencies
-/// and fractions at most 1. Err: (the field, what is wrong).
+/// Checks the constants of a calibration file: efficiencies and fractions in (0, 1], the SM
+/// exponent in (0, 2], times at most 10⁶ and sizes at most 10⁹, so that every predicted time
+/// stays finite. Err: (the field, what is wrong).
 pub fn check_constants(cal: &Calibration) -> Result<(), (String, String)> {
+    // Upper bounds keep every predicted time finite: a fraction is at most 1, a time constant
+    // at most 10⁶ (ms or µs), a size at most 10⁹, the SM exponent at most 2 (it was fitted at
+    // 0.79; 1 is linear scaling).
+    let (fraction, time, size) = (1.0, 1e6, 1e9);
     let fields = [
-        ("gemm_efficiency", cal.gemm_efficiency, true),
-        ("hidden_half", cal.hidden_half, false),
-        ("rows_half", cal.rows_half, false),
-        ("sm_exponent", cal.sm_exponent, false),
-        ("bw_saturation", cal.bw_saturation, true),
-        ("hbm_efficiency", cal.hbm_efficiency, true),
-        ("link_efficiency", cal.link_efficiency, true),
-        ("nvlink_hop_us", cal.nvlink_hop_us, false),
-        ("ib_hop_us", cal.ib_hop_us, false),
-        ("comm_overlap", cal.comm_overlap, true),
-        ("launch_step_ms", cal.launch_step_ms, false),
-        ("launch_us", cal.launch_us, false),
-        ("workspace_gib", cal.workspace_gib, false),
+        ("gemm_efficiency", cal.gemm_efficiency, fraction),
+        ("hidden_half", cal.hidden_half, size),
+        ("rows_half", cal.rows_half, size),
+        ("sm_exponent", cal.sm_exponent, 2.0),
+        ("bw_saturation", cal.bw_saturation, fraction),
+        ("hbm_efficiency", cal.hbm_efficiency, fraction),
+        ("link_efficiency", cal.link_efficiency, fraction),
+        ("nvlink_hop_us", cal.nvlink_hop_us, time),
+        ("ib_hop_us", cal.ib_hop_us, time),
+        ("comm_overlap", cal.comm_overlap, fraction),
+        ("launch_step_ms", cal.launch_step_ms, time),
+        ("launch_us", cal.launch_us, time),
+        ("workspace_gib", cal.workspace_gib, size),
     ];
-    for (name, v, fraction) in fields {
-        let ok = v.is_finite() && v >= 0.0 && (!fraction || (v > 0.0 && v <= 1.0));
+    for (name, v, max) in fields {
+        // Fractions and the exponent must be positive; the other constants may be 0.
+        let positive = max <= 2.0;
+        let ok = v.is_finite() && v <= max && if positive { v > 0.0 } else { v >= 0.0 };
         if !ok {
-            let want = if fraction {
-                "in (0, 1]"
-            } else {
-                "finite and ≥ 0"
-            };
-            return Err((format!("constants.{name}"), format!("{v} is not {want}")));
+            let low = if positive { "(0" } else { "[0" };
+            return Err((
+                format!("constants.{name}"),
+                format!("{v:?} is not in {low}, {max}]"),
+            ));
         }
     }
     let e = cal.interference;
     if [e.e1, e.e2, e.e3]
         .iter()
-        .any(|v| !v.is_finite() || *v < 0.0)
+        .any(|v| !(v.is_finite() && *v >= 0.0 && *v <= 1e3))
     {
         return Err((
             "constants.interference".into(),
-            "coefficients must be finite and ≥ 0".into(),
+            "coefficients must be in [0, 1000]".into(),
         ));
     }
     Ok(())
@@ -617,6 +623,25 @@ mod tests {
             ..Calibration::default()
         };
         assert_eq!(check_constants(&cal).unwrap_err().0, "constants.launch_us");
+        // Finite but so large that every time would be infinite.
+        for (cal, field) in [
+            (
+                Calibration {
+                    launch_us: 1e308,
+                    ..Calibration::default()
+                },
+                "constants.launch_us",
+            ),
+            (
+                Calibration {
+                    sm_exponent: 0.0,
+                    ..Calibration::default()
+                },
+                "constants.sm_exponent",
+            ),
+        ] {
+            assert_eq!(check_constants(&cal).unwrap_err().0, field);
+        }
     }
 
     proptest! {
