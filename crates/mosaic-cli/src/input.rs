@@ -1,9 +1,9 @@
 //! Where a command's profiles come from: a file, or a built-in model on a built-in cluster.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use mosaic_profile::PerfModel;
+use mosaic_profile::{PerfModel, MAX_QUOTA_UNITS};
 
 /// A command-line input that makes no sense (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,7 @@ pub struct Loaded {
 impl Source {
     /// Loads the profiles and builds the performance model.
     pub fn load(&self) -> Result<Loaded> {
+        check_granularity(self.granularity)?;
         let mut zoo_model = None;
         let mut cluster_name = None;
         let (file, name, default_gpus, label) = match (&self.profiles, &self.model) {
@@ -109,4 +110,49 @@ impl Source {
             cluster: cluster_name,
         })
     }
+}
+
+/// Refuses a `--granularity` that is no quota step, whatever the device: profiles of a device
+/// with an SM partition rule ignore it, but a NaN or a negative step is still a mistake.
+fn check_granularity(g: f64) -> Result<(), BadInput> {
+    let units = (1.0 / g).round();
+    if g > 0.0 && g <= 1.0 && (units * g - 1.0).abs() <= 1e-9 && units <= MAX_QUOTA_UNITS as f64 {
+        return Ok(());
+    }
+    Err(BadInput(format!(
+        "--granularity: expected a quota step in [1/{MAX_QUOTA_UNITS}, 1] that divides 1 (e.g. \
+         0.1, 0.05), found {g}"
+    )))
+}
+
+/// Refuses, before any work, an output file that cannot be written: a directory, or a file in a
+/// directory that does not exist. (Writing it may still fail later, for want of permission or
+/// of space; that error names the file too.)
+pub fn check_output(flag: &str, path: &Path) -> Result<(), BadInput> {
+    let name = path.display();
+    if path.is_dir() {
+        return Err(BadInput(format!(
+            "{flag} {name}: is a directory, expected a file to write"
+        )));
+    }
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) if !dir.is_dir() => Err(BadInput(format!(
+            "{flag} {name}: the directory {} does not exist",
+            dir.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Creates the output directory `path` (and its parents) before any work, refusing a path that
+/// is a file or cannot be created.
+pub fn create_output_dir(flag: &str, path: &Path) -> Result<(), BadInput> {
+    let name = path.display();
+    if path.exists() && !path.is_dir() {
+        return Err(BadInput(format!(
+            "{flag} {name}: is a file, expected a directory"
+        )));
+    }
+    std::fs::create_dir_all(path)
+        .map_err(|e| BadInput(format!("{flag} {name}: cannot create the directory: {e}")))
 }

@@ -83,6 +83,7 @@ fn main() -> ExitCode {
                 || e.downcast_ref::<mosaic_plan::PlanFileError>().is_some()
                 || e.downcast_ref::<mosaic_sim::SimError>().is_some()
                 || e.downcast_ref::<mosaic_fit::FitError>().is_some()
+                || e.downcast_ref::<std::io::Error>().is_some_and(bad_path)
                 || matches!(
                     e.downcast_ref::<mosaic_plan::PlanError>(),
                     Some(
@@ -94,4 +95,22 @@ fn main() -> ExitCode {
             ExitCode::from(if bad_input { 2 } else { 1 })
         }
     }
+}
+
+/// A file-system error that means a path on the command line is wrong (`cannot write FILE`: a
+/// directory, a missing directory, no permission), not that the machine failed (a full disk).
+/// Only an I/O error a command returned itself, with its context, is seen here: the typed
+/// errors of the libraries say for themselves whether the input is bad.
+fn bad_path(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        NotFound
+            | PermissionDenied
+            | AlreadyExists
+            | IsADirectory
+            | NotADirectory
+            | ReadOnlyFilesystem
+            | InvalidFilename
+    )
 }

@@ -12,7 +12,7 @@ use mosaic_fit::calibrate::{
 use mosaic_zoo::{Calibration, FreeConstant};
 use serde::Serialize;
 
-use crate::input::{BadInput, Loaded, Source};
+use crate::input::{check_output, BadInput, Loaded, Source};
 
 /// Arguments of `mosaic calibrate`.
 #[derive(clap::Args, Debug)]
@@ -47,6 +47,9 @@ struct Report<'a> {
 
 /// Runs `mosaic calibrate`.
 pub fn run(args: Args) -> Result<()> {
+    if let Some(out) = &args.out {
+        check_output("--out", out)?;
+    }
     let model = mosaic_zoo::model(&args.model)?;
     let device = mosaic_zoo::devices()
         .into_iter()
@@ -170,7 +173,7 @@ pub fn load(path: Option<&Path>) -> Result<Calibration> {
         return Ok(Calibration::default());
     };
     let name = path.display();
-    let text = std::fs::read_to_string(path)
+    let text = read_bounded(path)
         .map_err(|e| BadInput(format!("{name}: cannot read the calibration file: {e}")))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| BadInput(format!("{name}: not JSON: {e}")))?;
@@ -197,6 +200,25 @@ pub fn load(path: Option<&Path>) -> Result<Calibration> {
     check_constants(&cal)
         .map_err(|(field, msg)| BadInput(format!("{name}: field `{field}`: {msg}")))?;
     Ok(cal)
+}
+
+/// The most bytes a calibration file may have: one is a few hundred; this refuses `/dev/zero`
+/// or a data file given by mistake before it fills memory.
+const MAX_CALIBRATION_BYTES: u64 = 1 << 20;
+
+/// The text of the file at `path`, refusing one of more than [`MAX_CALIBRATION_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CALIBRATION_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CALIBRATION_BYTES {
+        return Err(std::io::Error::other(format!(
+            "more than {MAX_CALIBRATION_BYTES} bytes: not a calibration file"
+        )));
+    }
+    Ok(text)
 }
 
 /// The profiles of `source`, those of a built-in model computed with `--calibration FILE`'s

@@ -8,6 +8,7 @@ use mosaic_engine::models::data;
 use mosaic_engine::Device;
 
 use super::engine::{describe_fields, engine, one_process};
+use crate::input::check_output;
 
 /// Arguments of `mosaic data`: what it does with the data, and how.
 #[derive(clap::Subcommand, Debug)]
@@ -28,7 +29,7 @@ pub struct WriteArgs {
     out: PathBuf,
     /// Steps of data to write (--steps × --batch samples; `mosaic train --steps` and
     /// `--batch` with the same values reproduce the synthetic run bit for bit).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Samples per step.
     #[arg(long, default_value_t = 16)]
@@ -48,13 +49,14 @@ pub fn run(args: Args) -> Result<()> {
 /// `mosaic data write`.
 fn write(args: &WriteArgs) -> Result<()> {
     one_process("mosaic data write")?;
+    check_output("--out", &args.out)?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
     data::write_batches(&*model.data, args.steps, args.batch, &args.out).map_err(engine)?;
     eprintln!(
         "wrote {} ({} steps × {} samples of {}'s inputs: {}); train on it with `mosaic train \
          --data`",
         args.out.display(),
-        args.steps.max(1),
+        args.steps,
         args.batch,
         model.name,
         describe_fields(&model.data.fields())

@@ -11,7 +11,7 @@ use mosaic_plan::{solve, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
 use serde::Serialize;
 
-use crate::input::BadInput;
+use crate::input::{check_output, BadInput};
 
 /// Quota step of the end-to-end plans (the planner's default).
 const PLAN_GRANULARITY: f64 = 0.1;
@@ -101,10 +101,26 @@ type Zoo = (mosaic_zoo::ModelSpec, mosaic_zoo::ClusterSpec);
 
 /// Runs `mosaic fit`.
 pub fn run(args: Args) -> Result<()> {
+    for (flag, path) in [("--out", &args.out), ("--svg", &args.svg)] {
+        if let Some(p) = path {
+            check_output(flag, p)?;
+        }
+    }
     let zoo = match (&args.model, &args.cluster) {
         (Some(m), Some(c)) => Some((mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?)),
         _ => None,
     };
+    if let (Some(gpus), Some((_, cluster))) = (args.gpus, &zoo) {
+        // The plans are executed on the cluster, so they may use at most its GPUs.
+        if gpus == 0 || gpus > cluster.gpus() {
+            return Err(BadInput(format!(
+                "--gpus: expected 1 to {} GPUs (the end-to-end plans run on {}), found {gpus}",
+                cluster.gpus(),
+                cluster.name
+            ))
+            .into());
+        }
+    }
     let (profile, name) = profiles(&args, zoo.as_ref())?;
     let colocations = mosaic_profile::load_colocations(&args.colocations)?;
     let perf = PerfModel::new(&profile, mosaic_fit::LOOKUP_GRANULARITY, &name)?;

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use crate::input::check_output;
+
 /// Arguments of `mosaic profile`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -26,6 +28,9 @@ pub struct Args {
 
 /// Runs `mosaic profile`.
 pub fn run(args: Args) -> Result<()> {
+    if let Some(out) = &args.out {
+        check_output("--out", out)?;
+    }
     let model = mosaic_zoo::model(&args.model)?;
     let cluster = mosaic_zoo::cluster(&args.cluster)?;
     let cal = super::calibrate::load(args.calibration.as_deref())?;

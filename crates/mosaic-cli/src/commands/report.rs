@@ -15,6 +15,7 @@ use mosaic_zoo::Calibration;
 use serde::Serialize;
 
 use crate::chart::BarChart;
+use crate::input::create_output_dir;
 
 /// The models of the paper's Figs. 9 and 10 (§5.1).
 const MODELS: [&str; 6] = [
@@ -124,6 +125,7 @@ fn range(xs: &[f64]) -> String {
 /// Runs `mosaic report`.
 pub fn run(args: Args) -> Result<()> {
     let cal = super::calibrate::load(args.calibration.as_deref())?;
+    create_output_dir("--out", &args.out)?;
     let mut cases = Vec::new();
     for cluster in CLUSTERS {
         for model in MODELS {
@@ -134,9 +136,6 @@ pub fn run(args: Args) -> Result<()> {
         .iter()
         .map(|c| run_case(&cal, "ofasys-4", c))
         .collect::<Result<_>>()?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-
     let mut md = String::new();
     headline_table(&mut md, &cases);
     sweep_table(&mut md, &sweep);

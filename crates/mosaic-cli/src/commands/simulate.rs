@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use mosaic_sim::SimReport;
 
-use crate::input::BadInput;
+use crate::input::{check_output, BadInput};
 use crate::render::gpu_ranges;
 
 /// Arguments of `mosaic simulate`: a plan to execute, or a verb.
@@ -88,6 +88,11 @@ pub fn run(args: Args) -> Result<()> {
 
 /// Executes the plan and reports it.
 fn simulate(args: &PlanArgs) -> Result<()> {
+    for (flag, path) in [("--trace", &args.trace), ("--svg", &args.svg)] {
+        if let Some(p) = path {
+            check_output(flag, p)?;
+        }
+    }
     let plan_path = &args.plan;
     let plan = mosaic_plan::load_plan(plan_path)?;
     let file = plan_path.display().to_string();
@@ -149,6 +154,7 @@ fn simulate(args: &PlanArgs) -> Result<()> {
 
 /// `mosaic simulate colocations`: random colocations of the zoo model on one simulated GPU.
 fn colocations(args: &ColocationArgs) -> Result<()> {
+    check_output("--out", &args.out)?;
     let model = mosaic_zoo::model(&args.model)?;
     let cluster = mosaic_zoo::cluster(&args.cluster)?;
     let name = format!("{}@{}", model.name, cluster.name);

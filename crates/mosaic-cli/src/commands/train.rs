@@ -18,7 +18,7 @@ use mosaic_engine::{
 use serde_json::json;
 
 use super::engine::{engine, one_process, pin_candle_threads, schedule};
-use crate::input::BadInput;
+use crate::input::{check_output, create_output_dir, BadInput};
 
 /// Arguments of `mosaic train`: a training run, or a verb.
 #[derive(clap::Args, Debug)]
@@ -113,6 +113,9 @@ pub fn run(args: Args) -> Result<()> {
 /// `mosaic train template`: the default plan, written for editing.
 fn template(args: &TemplateArgs) -> Result<()> {
     one_process("mosaic train template")?;
+    if let Some(out) = &args.out {
+        check_output("--out", out)?;
+    }
     let model = models::build(&args.model, 0, &Device::Cpu).map_err(engine)?;
     let plan = sequential_plan(&model, args.gpus as usize);
     let text = serde_json::to_string_pretty(&plan)? + "\n";
@@ -145,6 +148,9 @@ struct Voice {
 fn train(args: &RunArgs) -> Result<()> {
     if args.checkpoint_every == 0 {
         return Err(BadInput("--checkpoint-every: expected at least 1 step".into()).into());
+    }
+    if let Some(dir) = &args.checkpoint_dir {
+        check_checkpoint_dir(dir)?;
     }
     pin_candle_threads();
     let collective = collective(args.collective)?;
@@ -183,6 +189,22 @@ fn load_model(args: &RunArgs) -> Result<Model> {
         model.data = Box::new(file);
     }
     Ok(model)
+}
+
+/// Refuses, before training, a `--checkpoint-dir` no checkpoint can be written to: a file, a
+/// directory that cannot be created, or one whose checkpoint file is a directory.
+fn check_checkpoint_dir(dir: &Path) -> Result<()> {
+    create_output_dir("--checkpoint-dir", dir)?;
+    let file = dir.join(checkpoint::CHECKPOINT_FILE);
+    if file.exists() && !file.is_file() {
+        return Err(BadInput(format!(
+            "--checkpoint-dir {}: {} is not a file",
+            dir.display(),
+            file.display()
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// Loads the latest checkpoint in `dir`, if any, and returns its step.
@@ -262,6 +284,20 @@ fn train_steps(args: &RunArgs, trainer: &mut Trainer, v: Voice) -> Result<Steps>
     };
     while trainer.step_count() < args.steps {
         let r = trainer.step().map_err(engine)?;
+        if !r.loss.is_finite() {
+            // Every rank sees the same loss (it is summed over the ranks), so all stop here.
+            return Err(BadInput(format!(
+                "step {}: the loss is {}: training diverged; lower --lr (now {:?}){}",
+                r.step,
+                r.loss,
+                args.lr,
+                match &args.data {
+                    Some(p) => format!(" or check the values in --data {}", p.display()),
+                    None => String::new(),
+                }
+            ))
+            .into());
+        }
         s.first.get_or_insert(r.loss);
         s.recent.push_back(r.loss);
         if s.recent.len() > 10 {

@@ -11,6 +11,7 @@ use mosaic_engine::measure::{
 
 use super::Sweep;
 use crate::commands::engine::engine;
+use crate::input::check_output;
 
 /// Arguments of `mosaic measure colocations`.
 #[derive(clap::Args, Debug)]
@@ -28,7 +29,8 @@ pub struct Args {
 
 /// Measures `--count` colocations and writes them.
 pub fn run(args: &Args) -> Result<()> {
-    args.sweep.check_model()?;
+    args.sweep.check()?;
+    check_output("--out", &args.out)?;
     // Colocations read only the machine's name and cores, not its bandwidth: the least STREAM
     // run there is (1 MiB arrays, once), a few milliseconds.
     let machine = measure_machine(1, 1).map_err(engine)?;

@@ -41,13 +41,19 @@ struct Sweep {
     /// The largest data-parallel degree (powers of two up to it and the batch).
     #[arg(long, default_value_t = 8, value_parser = at_least_one())]
     max_dp: usize,
-    /// Timed iterations of each measurement, after 2 warm-up ones; the median is kept.
-    #[arg(long, default_value_t = 21, value_parser = at_least_one())]
+    /// Timed iterations of each measurement, after 2 warm-up ones; the median is kept (at most
+    /// 10,000).
+    #[arg(long, default_value_t = 21,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPS))]
     reps: usize,
     /// Seed of the parameters and the data (and of the colocations' random draws).
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
+
+/// The most timed iterations of one measurement: a median of more is no better, and a run of
+/// u64::MAX of them never ended.
+const MAX_REPS: u64 = 10_000;
 
 /// A count of at least one.
 fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
@@ -66,8 +72,10 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 impl Sweep {
-    /// Fails on an unknown model: called before the machine is measured.
-    fn check_model(&self) -> Result<()> {
+    /// Fails on an unknown model or a batch out of bounds: called before the machine is
+    /// measured.
+    fn check(&self) -> Result<()> {
+        models::data::check_batch(self.batch).map_err(engine)?;
         models::build(&self.model, self.seed, &Device::Cpu).map_err(engine)?;
         Ok(())
     }

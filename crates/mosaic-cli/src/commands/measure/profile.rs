@@ -7,6 +7,7 @@ use mosaic_engine::measure::{measure_machine, profile_file, Machine, Point, UNDI
 
 use super::{Sweep, WARMUP};
 use crate::commands::engine::engine;
+use crate::input::check_output;
 
 /// Size of each STREAM-triad array: 3 × 64 MiB, well above the caches of the machines this
 /// was written on (2 MiB L2 per core) and measured to have reached the DRAM plateau there.
@@ -26,7 +27,10 @@ pub struct Args {
 
 /// Measures the machine, then every grid point, and writes the profile.
 pub fn run(args: &Args) -> Result<()> {
-    args.sweep.check_model()?;
+    args.sweep.check()?;
+    if let Some(out) = &args.out {
+        check_output("--out", out)?;
+    }
     let profiler = args.sweep.profiler(machine()?)?;
     let total = profiler.grid_points();
     let quotas: Vec<String> = profiler.quotas().iter().map(|q| format!("{q}")).collect();

@@ -23,8 +23,9 @@ pub struct Args {
     /// own stage at quota 1.0, as `mosaic train template` writes it).
     #[arg(long)]
     plan: Option<PathBuf>,
-    /// Steps timed in each mode, after a warm-up step (nothing is checkpointed).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Steps timed in each mode, after a warm-up step (nothing is checkpointed; at most
+    /// 100,000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     steps: u64,
     /// Samples per step, split among a module's replicas.
     #[arg(long, default_value_t = 16)]
