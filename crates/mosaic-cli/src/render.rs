@@ -28,17 +28,26 @@ pub fn gpu_ranges(gpus: &[u32]) -> String {
 }
 
 /// The plan as a table: per stage its time and quota use, per module dp, quota, GPUs, times.
-pub fn plan_table(plan: &Plan, label: &str, auto: bool) -> String {
+pub fn plan_table(plan: &Plan, label: &str) -> String {
     let mut s = String::new();
-    let search = match (plan.search.as_str(), auto) {
-        ("exact", _) => "exact (proven optimal)".to_string(),
-        ("gahc", true) => "gahc (the exact search did not finish within the budget)".to_string(),
-        (other, _) => other.to_string(),
+    let search = match plan.search.as_str() {
+        "gahc" => "GAHC (the paper's Alg. 1)",
+        "local" => "GAHC, then local moves and re-cut orders",
+        "exact" => "the exact down-set search",
+        other => other,
+    };
+    let proof = match plan.lower_bound_ms {
+        _ if plan.optimal => "proven optimal".to_string(),
+        Some(b) if b > 0.0 => format!(
+            "within {:.1} % of the optimum (lower bound {b:.1} ms)",
+            100.0 * (plan.iteration_ms / b - 1.0)
+        ),
+        _ => "no bound proven".to_string(),
     };
     let _ = writeln!(
         s,
-        "{label}: {} × {}, SM quota step {}\nsearch: {search}, solved in {:.1} ms\n\
-         predicted iteration: {:.1} ms in {} stage(s)\n",
+        "{label}: {} × {}, SM quota step {}\nfound by {search}; solved in {:.1} ms\n\
+         predicted iteration: {:.1} ms in {} stage(s), {proof}\n",
         plan.gpus,
         plan.device,
         plan.granularity,
@@ -80,15 +89,40 @@ pub fn plan_table(plan: &Plan, label: &str, auto: bool) -> String {
                 m.mem_gib
             );
         }
-        let quotas: Vec<String> = st.gpu_quota.iter().map(|q| format!("{q:.1}")).collect();
-        let _ = writeln!(s, "  quota per GPU: {}\n", quotas.join(" "));
+        let _ = writeln!(s, "  quota per GPU: {}\n", quota_runs(&st.gpu_quota));
     }
     s
 }
 
+/// Quotas per GPU, runs of equal ones written once with their length: `1.0 0.6×3 0.0`.
+fn quota_runs(quotas: &[f64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < quotas.len() {
+        let q = format!("{:.1}", quotas[i]);
+        let mut j = i + 1;
+        while j < quotas.len() && format!("{:.1}", quotas[j]) == q {
+            j += 1;
+        }
+        out.push(if j - i == 1 {
+            q
+        } else {
+            format!("{q}×{}", j - i)
+        });
+        i = j;
+    }
+    out.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::gpu_ranges;
+    use super::{gpu_ranges, quota_runs};
+
+    #[test]
+    fn quota_runs_are_compressed() {
+        assert_eq!(quota_runs(&[1.0, 0.6, 0.6, 0.6, 0.0]), "1.0 0.6×3 0.0");
+        assert_eq!(quota_runs(&[]), "");
+    }
 
     #[test]
     fn ranges_are_compact() {

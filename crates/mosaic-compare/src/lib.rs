@@ -314,6 +314,7 @@ pub(crate) mod testutil {
             name: name.to_string(),
             after: after.iter().map(|s| s.to_string()).collect(),
             samples: whole.iter().map(|&(d, t)| sample(d, 1.0, t)).collect(),
+            grad_gib: None,
         }
     }
 
@@ -327,6 +328,7 @@ pub(crate) mod testutil {
                 memory_gib,
                 partition: None,
             },
+            nodes: None,
             modules,
             interference: Interference::default(),
             source: None,

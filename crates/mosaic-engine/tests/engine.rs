@@ -31,6 +31,7 @@ fn plan(stages: &[&[(&str, u32, f64)]]) -> Plan {
                     dp,
                     sm,
                     gpus: (0..dp).collect(),
+                    nodes: Vec::new(),
                     time_ms: 0.0,
                     base_ms: 0.0,
                     mem_gib: 0.0,

@@ -35,6 +35,7 @@ fn profile() -> ProfileFile {
                         })
                     })
                     .collect(),
+                grad_gib: None,
             }
         })
         .collect();
@@ -46,6 +47,7 @@ fn profile() -> ProfileFile {
             memory_gib: 80.0,
             partition: None,
         },
+        nodes: None,
         modules,
         interference: Interference::default(),
         source: Some("test; interference coefficients assumed".into()),
@@ -344,6 +346,7 @@ fn quotas_on_sm_partitions_are_looked_up_as_whole_sms() {
             sample(80, 120.0, 0.3),
             sample(132, 80.0, 0.5),
         ],
+        grad_gib: None,
     };
     let p = ProfileFile {
         format: FORMAT.into(),
@@ -356,6 +359,7 @@ fn quotas_on_sm_partitions_are_looked_up_as_whole_sms() {
                 step_sms: 8,
             }),
         },
+        nodes: None,
         modules: vec![module("a"), module("b")],
         interference: Interference::default(),
         source: None,

@@ -1,21 +1,39 @@
 //! The StageEval result cache of Mosaic §3.4, keyed by the module set (a bitmask, as §4 says),
 //! and the cheap lower bounds used to skip StageEval calls altogether (early pruning).
+//!
+//! StageEval runs within the cache's [`Limits`]. An answer is *proven* when it is the
+//! optimum, or when no allocation below the asked cutoff exists; a capped search gives answers
+//! that are only the best it found, and the cache counts them ([`EvalStats::unproven`]) so that
+//! a search built on it knows whether its own result is a proof.
 
 use std::collections::HashMap;
 use std::rc::Rc;
 
 use mosaic_profile::ModuleSet;
 
-use crate::stage_eval::{stage_eval, StageAlloc};
+use crate::stage_eval::{stage_eval_within, Limits, StageAlloc};
 use crate::Problem;
 
 /// What is known of one module set's optimal stage.
 #[derive(Debug, Clone)]
-enum Entry {
-    /// Solved: the optimum, or `None` when the set cannot be placed at all.
-    Exact(Option<Rc<StageAlloc>>),
-    /// Solved with a cutoff that nothing beat: the optimum is at least this.
-    AtLeast(f64),
+struct Entry {
+    /// The best allocation found so far; its time bounds the optimum from above.
+    best: Option<Rc<StageAlloc>>,
+    /// Proven: the optimum is at least this (infinite when the set cannot be placed).
+    at_least: f64,
+    /// The largest cutoff a capped search has run below without finding better than `best`,
+    /// and that search's node limit.
+    tried: f64,
+    tried_nodes: u64,
+}
+
+impl Entry {
+    /// Whether `best` is proven optimal.
+    fn exact(&self) -> bool {
+        self.best
+            .as_ref()
+            .is_some_and(|b| b.time_ms <= self.at_least)
+    }
 }
 
 /// Counters that show how much work the cache and the bounds saved.
@@ -27,24 +45,38 @@ pub struct EvalStats {
     pub hits: u64,
     /// Requests answered by a lower bound without looking at the cache or solving.
     pub pruned: u64,
+    /// Answers that are not proven (the search behind them was capped).
+    pub unproven: u64,
 }
 
 /// StageEval behind a cache keyed by module set.
 pub struct StageCache<'p> {
     problem: &'p Problem<'p>,
     map: HashMap<ModuleSet, Entry>,
+    limits: Limits,
     /// Work counters.
     pub stats: EvalStats,
 }
 
 impl<'p> StageCache<'p> {
-    /// An empty cache over `problem`.
+    /// An empty cache over `problem` whose StageEval runs to the end.
     pub fn new(problem: &'p Problem<'p>) -> Self {
+        Self::with_limits(problem, Limits::EXACT)
+    }
+
+    /// An empty cache over `problem` whose StageEval runs within `limits`.
+    pub fn with_limits(problem: &'p Problem<'p>, limits: Limits) -> Self {
         StageCache {
             problem,
             map: HashMap::new(),
+            limits,
             stats: EvalStats::default(),
         }
+    }
+
+    /// Changes the limits of later StageEval runs.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     /// The problem the cache solves stages of.
@@ -52,35 +84,81 @@ impl<'p> StageCache<'p> {
         self.problem
     }
 
-    /// The optimal allocation of `set`, or `None` if it cannot be placed.
+    /// Whether later answers must be proofs: no cap but the deadline.
+    fn wants_proof(&self) -> bool {
+        self.limits.nodes == u64::MAX && self.limits.splits == u64::MAX
+    }
+
+    /// The best allocation of `set`, or `None` if it cannot be placed (or none was found).
     pub fn eval(&mut self, set: ModuleSet) -> Option<Rc<StageAlloc>> {
         self.eval_below(set, f64::INFINITY)
     }
 
-    /// The optimal allocation of `set` if its time is strictly below `cutoff`, else `None`.
+    /// The best allocation of `set` whose time is strictly below `cutoff`: the optimal one
+    /// when the answer is proven, else the best the capped search found (`None` when it found
+    /// none, which then proves nothing).
     pub fn eval_below(&mut self, set: ModuleSet, cutoff: f64) -> Option<Rc<StageAlloc>> {
-        match self.map.get(&set) {
-            Some(Entry::Exact(a)) => {
-                self.stats.hits += 1;
-                return a.clone().filter(|a| a.time_ms < cutoff);
-            }
-            Some(Entry::AtLeast(bound)) if cutoff <= *bound => {
+        let proof = self.wants_proof();
+        if let Some(e) = self.map.get(&set) {
+            if e.at_least >= cutoff {
                 self.stats.hits += 1;
                 return None;
             }
-            _ => {}
+            let below = e.best.clone().filter(|b| b.time_ms < cutoff);
+            if e.exact() {
+                self.stats.hits += 1;
+                return below;
+            }
+            let deep_enough = e.tried_nodes >= self.limits.nodes;
+            if !proof && deep_enough && (below.is_some() || e.tried >= cutoff) {
+                self.stats.hits += 1;
+                self.stats.unproven += 1;
+                return below;
+            }
         }
-        if self.problem.lower_bound(set) >= cutoff {
+        let bound = match self.map.get(&set) {
+            Some(e) => e.at_least,
+            None => {
+                let bound = self.problem.lower_bound(set);
+                self.map.insert(
+                    set,
+                    Entry {
+                        best: None,
+                        at_least: bound,
+                        tried: f64::NEG_INFINITY,
+                        tried_nodes: 0,
+                    },
+                );
+                bound
+            }
+        };
+        if bound >= cutoff {
             self.stats.pruned += 1;
             return None;
         }
+        // Below a known allocation, a search that finds nothing proves that allocation optimal.
+        let known = self.map.get(&set).and_then(|e| e.best.clone());
+        let limit = known.as_ref().map_or(cutoff, |b| b.time_ms.min(cutoff));
         self.stats.solved += 1;
-        let result = stage_eval(self.problem, set, cutoff).map(Rc::new);
-        let entry = match (&result, cutoff.is_finite()) {
-            (Some(_), _) | (None, false) => Entry::Exact(result.clone()),
-            (None, true) => Entry::AtLeast(cutoff),
-        };
-        self.map.insert(set, entry);
-        result
+        let outcome = stage_eval_within(self.problem, set, limit, &self.limits);
+        let entry = self.map.get_mut(&set).expect("inserted above");
+        if let Some(found) = outcome.alloc {
+            entry.best = Some(Rc::new(found));
+        }
+        if outcome.proven {
+            entry.at_least = match &entry.best {
+                Some(b) if b.time_ms <= limit => b.time_ms,
+                _ => entry.at_least.max(limit),
+            };
+        } else {
+            if self.limits.nodes > entry.tried_nodes {
+                entry.tried = limit;
+                entry.tried_nodes = self.limits.nodes;
+            } else {
+                entry.tried = entry.tried.max(limit);
+            }
+            self.stats.unproven += 1;
+        }
+        entry.best.clone().filter(|b| b.time_ms < cutoff)
     }
 }

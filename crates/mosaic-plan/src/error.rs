@@ -30,17 +30,6 @@ pub enum PlanError {
         /// Device memory.
         memory_gib: f64,
     },
-    /// The exact search was asked for but did not finish in its budget.
-    #[error(
-        "the exact search did not finish within {budget_ms} ms ({modules} modules); use \
-         --search gahc or --search auto, or a larger --time-budget"
-    )]
-    ExactTimeout {
-        /// The budget in ms.
-        budget_ms: u64,
-        /// Module count.
-        modules: usize,
-    },
 }
 
 /// A `mosaic-plan/1` file that cannot be read, or that does not fit the model it is run for.
@@ -49,12 +38,12 @@ pub enum PlanError {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanFileError {
     /// The plan file could not be read at all.
-    #[error("{file}: cannot read: {source}", file = file.display())]
+    #[error("{file}: cannot read: {error}", file = file.display())]
     Io {
         /// The plan file.
         file: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a separate cause, so it is printed once).
+        error: std::io::Error,
     },
     /// The JSON is malformed, or a field is missing or has the wrong type.
     #[error("{file}: field `{field}`: {message}", file = file.display())]
@@ -223,6 +212,16 @@ pub enum PlanFileError {
         /// The GPU index.
         gpu: u32,
     },
+    /// A module's `nodes` that are not the nodes its GPUs lie on.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    BadNodes {
+        /// The plan file.
+        file: PathBuf,
+        /// e.g. `stages[0].modules[1].nodes`.
+        field: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
     /// The quotas of a stage's modules on one GPU add up to more than the whole GPU.
     #[error(
         "{file}: field `{field}`: the quotas on GPU {gpu} add up to {quota:.3} > 1",
@@ -258,6 +257,7 @@ impl PlanFileError {
             | E::BadNumber { field, .. }
             | E::GpuOutOfRange { field, .. }
             | E::RepeatedGpu { field, .. }
+            | E::BadNodes { field, .. }
             | E::Oversubscribed { field, .. } => Some(field),
         }
     }
@@ -279,6 +279,7 @@ impl PlanFileError {
             | E::PoolSize { file, .. }
             | E::GpuOutOfRange { file, .. }
             | E::RepeatedGpu { file, .. }
+            | E::BadNodes { file, .. }
             | E::Oversubscribed { file, .. } => file,
         }
     }

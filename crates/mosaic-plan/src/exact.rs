@@ -5,12 +5,15 @@
 //! DAG (closed under ancestors). The plan is a path ∅ → D₁ → … → M in the graph of down-sets,
 //! where a step D → D ∪ S is allowed iff every module of S has all its producers in D, and
 //! costs StageEval(S). The optimal plan is a shortest path, found with A*:
-//! - **Heuristic** h(D) (admissible): the larger of (a) the longest dependency chain of the
-//!   remaining modules, each at its fastest time, and (b) the remaining modules' least
-//!   quota-area × time divided by the pool's SM capacity.
+//! - **Heuristic** h(D) (admissible): the Lagrangian lower bound of `bound.rs` on the modules
+//!   outside D, which combines their critical path and their quota area × time over the pool's
+//!   SM capacity.
 //! - **Pruning**: a step is solved only below the cutoff that could still improve its target
-//!   and beat the incumbent (GAHC's plan), via the cached StageEval with a cutoff.
-//! - **Budget**: the search gives up at a deadline; a finished search is a proof of optimality.
+//!   and beat the incumbent, via the cached StageEval with a cutoff.
+//! - **Deadline**: the search stops at a deadline, anywhere, StageEval included. A stopped
+//!   search still proves something: every plan faster than the incumbent passes through an
+//!   open down-set, so the least f = g + h among them (and the one being expanded) bounds the
+//!   optimum from below — provided every StageEval answer it used was proven.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -19,92 +22,66 @@ use std::time::Instant;
 
 use mosaic_profile::{ModuleSet, PerfModel};
 
+use crate::bound::LowerBound;
 use crate::cache::StageCache;
 use crate::stage_eval::StageAlloc;
-use crate::Problem;
-
-/// The search ran out of time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeout;
 
 /// Best known cost to each down-set, with the down-set and the stage that reached it.
 type Best = HashMap<u64, (f64, u64, Option<Rc<StageAlloc>>)>;
 
-/// Finds an optimal stage sequence, or `Ok(None)` when none is strictly faster than `upper`
-/// (so a plan of time `upper` is optimal). Gives up with [`Timeout`] at `deadline`.
-pub fn exact(
-    cache: &mut StageCache,
-    upper: f64,
-    deadline: Instant,
-) -> Result<Option<Vec<Rc<StageAlloc>>>, Timeout> {
+/// What the exact search found and proved.
+#[derive(Debug, Clone)]
+pub struct Exact {
+    /// A plan strictly faster than the incumbent, when one was found (optimal if `finished`).
+    pub better: Option<Vec<Rc<StageAlloc>>>,
+    /// Whether the search ran to the end on proven StageEval answers: then the better plan,
+    /// or the incumbent when there is none, is optimal.
+    pub finished: bool,
+    /// A proven lower bound on the optimal iteration time, in ms (`0` when nothing was proven).
+    pub lower_ms: f64,
+}
+
+/// Searches for an optimal stage sequence strictly faster than `upper` (the incumbent's time),
+/// until `deadline`. Uses the cache's limits for StageEval: give it [`Limits`] without caps
+/// (a deadline only) for its answers to be proofs.
+///
+/// [`Limits`]: crate::stage_eval::Limits
+pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
+    let unproven_before = cache.stats.unproven;
     let mut search = Search::new(cache, upper, deadline);
+    let mut better = None;
+    let mut finished = true;
+    let mut lower = upper;
+    // Unproven answers met before the last expansion began; the last one's are covered by
+    // its own f, which the bound includes.
+    let mut unproven = 0;
     while let Some(Open(f, done_bits)) = search.open.pop() {
-        if Instant::now() >= deadline {
-            return Err(Timeout);
-        }
         let done = ModuleSet(done_bits);
         let g = search.best[&done_bits].0;
         if f - search.h_cache[&done_bits] > g + 1e-9 * g.max(1.0) {
             continue; // stale heap entry
         }
         if done == search.h.all {
-            return Ok(Some(path(&search.best, done_bits)));
+            better = Some(path(&search.best, done_bits));
+            lower = f;
+            break;
         }
-        search.expand(done, g)?;
-    }
-    Ok(None)
-}
-
-/// The admissible heuristic h(D) of the module docs, with the per-module data it needs.
-struct Heuristic<'m> {
-    model: &'m PerfModel,
-    all: ModuleSet,
-    /// Per module, its fastest time.
-    min_time: Vec<f64>,
-    /// Per module, its least quota-area × time.
-    area_time: Vec<f64>,
-    /// The pool's SM capacity, in quota units.
-    capacity: f64,
-}
-
-impl<'m> Heuristic<'m> {
-    /// The heuristic of `problem`.
-    fn new(problem: &Problem<'m>) -> Self {
-        let model = problem.model;
-        Heuristic {
-            model,
-            all: ModuleSet::all(model.modules.len()),
-            min_time: problem.cands.iter().map(|c| c.min_time()).collect(),
-            area_time: problem.cands.iter().map(|c| c.min_area_time).collect(),
-            capacity: (model.units_per_gpu * problem.gpus) as f64,
+        unproven = search.cache.stats.unproven - unproven_before;
+        if Instant::now() >= deadline || !search.expand(done, g) {
+            finished = false;
+            // Every faster plan passes through an open down-set or the one being expanded.
+            lower = search.open.iter().map(|o| o.0).fold(f, f64::min).min(upper);
+            break;
         }
     }
-
-    /// h(`done`): the larger of the longest remaining chain and the remaining area / capacity.
-    fn of(&self, done: ModuleSet) -> f64 {
-        let area: f64 = self.all.minus(done).iter().map(|m| self.area_time[m]).sum();
-        self.longest_chain(done).max(area / self.capacity)
+    if finished {
+        unproven = search.cache.stats.unproven - unproven_before;
     }
-
-    /// The longest dependency chain of the modules not in `done`, each at its fastest time.
-    fn longest_chain(&self, done: ModuleSet) -> f64 {
-        let model = self.model;
-        let n = model.modules.len();
-        // Longest chain over the remaining modules, in reverse topological order.
-        let mut chain = vec![0.0f64; n];
-        let mut longest: f64 = 0.0;
-        for &m in model.topo_order.iter().rev() {
-            if done.contains(m) {
-                continue;
-            }
-            let after = (0..n)
-                .filter(|&c| !done.contains(c) && model.modules[c].parents.contains(m))
-                .map(|c| chain[c])
-                .fold(0.0, f64::max);
-            chain[m] = self.min_time[m] + after;
-            longest = longest.max(chain[m]);
-        }
-        longest
+    let proven = unproven == 0;
+    Exact {
+        better,
+        finished: finished && proven,
+        lower_ms: if proven { lower } else { 0.0 },
     }
 }
 
@@ -130,21 +107,21 @@ impl Ord for Open {
 /// The A* search's state over the down-sets.
 struct Search<'c, 'p> {
     cache: &'c mut StageCache<'p>,
-    h: Heuristic<'p>,
+    h: LowerBound<'p>,
     upper: f64,
     deadline: Instant,
     best: Best,
     /// h of each down-set seen.
     h_cache: HashMap<u64, f64>,
     open: BinaryHeap<Open>,
-    /// Stages tried, to check the deadline every 1024.
+    /// Stages tried, to check the deadline every 64.
     ticks: u32,
 }
 
 impl<'c, 'p> Search<'c, 'p> {
     /// A search from the empty down-set, the only open entry.
     fn new(cache: &'c mut StageCache<'p>, upper: f64, deadline: Instant) -> Self {
-        let h = Heuristic::new(cache.problem());
+        let h = LowerBound::new(cache.problem());
         let mut best = Best::new();
         let mut h_cache = HashMap::new();
         best.insert(0, (0.0, 0, None));
@@ -164,8 +141,9 @@ impl<'c, 'p> Search<'c, 'p> {
         }
     }
 
-    /// Tries every next stage from down-set `done`, reached at cost `g`.
-    fn expand(&mut self, done: ModuleSet, g: f64) -> Result<(), Timeout> {
+    /// Tries every next stage from down-set `done`, reached at cost `g`; false when the
+    /// deadline stopped it.
+    fn expand(&mut self, done: ModuleSet, g: f64) -> bool {
         let model = self.h.model;
         let avail = ModuleSet(
             self.h
@@ -181,12 +159,12 @@ impl<'c, 'p> Search<'c, 'p> {
             let stage = ModuleSet(sub);
             sub = (sub - 1) & avail.0;
             self.ticks += 1;
-            if self.ticks.is_multiple_of(1024) && Instant::now() >= self.deadline {
-                return Err(Timeout);
+            if self.ticks.is_multiple_of(64) && Instant::now() >= self.deadline {
+                return false;
             }
             self.step(done, g, stage);
         }
-        Ok(())
+        Instant::now() < self.deadline
     }
 
     /// Solves the step `done` → `done ∪ stage` below the cutoff that could still improve its
@@ -225,4 +203,30 @@ fn path(best: &Best, mut to: u64) -> Vec<Rc<StageAlloc>> {
     }
     stages.reverse();
     stages
+}
+
+/// The number of A* steps (a down-set and a next stage out of it) of `model`'s down-set graph,
+/// counted until it exceeds `cap` (then some number above `cap`).
+pub fn steps(model: &PerfModel, cap: u64) -> u64 {
+    let n = model.modules.len();
+    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut todo = vec![0u64];
+    seen.insert(0);
+    let mut count = 0u64;
+    while let Some(done) = todo.pop() {
+        let avail: Vec<usize> = (0..n)
+            .filter(|&m| done >> m & 1 == 0 && model.modules[m].parents.0 & !done == 0)
+            .collect();
+        count = count.saturating_add((1u64 << avail.len().min(63)) - 1);
+        if count > cap {
+            return count;
+        }
+        for m in avail {
+            let next = done | 1 << m;
+            if seen.insert(next) {
+                todo.push(next);
+            }
+        }
+    }
+    count
 }

@@ -13,8 +13,11 @@
 //!   ([`Problem::lower_bound`](crate::Problem::lower_bound)). Pruned pairs never reach StageEval.
 //! - **Result caching** (line 13): StageEval results are memoised by module set
 //!   ([`StageCache`]).
+//! - **Deadline**: at the deadline the merging stops and the current stages are returned; they
+//!   are always a valid plan (one stage per module at worst).
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use mosaic_profile::ModuleSet;
 
@@ -23,8 +26,9 @@ use crate::order;
 use crate::stage_eval::StageAlloc;
 use crate::PlanError;
 
-/// Runs Alg. 1 and returns the stages in execution order.
-pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
+/// Runs Alg. 1 until no merge gains or `deadline` passes, and returns the stages in execution
+/// order.
+pub fn gahc(cache: &mut StageCache, deadline: Instant) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
     let problem = cache.problem();
     let model = problem.model;
     let mut stages: Vec<Rc<StageAlloc>> = Vec::with_capacity(model.modules.len());
@@ -35,7 +39,7 @@ pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
                 .ok_or_else(|| problem.unplaceable(m))?,
         );
     }
-    while stages.len() > 1 {
+    while stages.len() > 1 && Instant::now() < deadline {
         let reach = order::reachability(model, &stages, |s| s.set);
         let mut best_gain = 0.0;
         let mut best: Option<(usize, usize, Rc<StageAlloc>)> = None;
@@ -43,6 +47,9 @@ pub fn gahc(cache: &mut StageCache) -> Result<Vec<Rc<StageAlloc>>, PlanError> {
             for y in x + 1..stages.len() {
                 if reach[x] >> y & 1 == 1 {
                     continue; // merging would break the dependency order
+                }
+                if Instant::now() >= deadline {
+                    break;
                 }
                 let limit = stages[x].time_ms + stages[y].time_ms - best_gain;
                 let merged = stages[x].set.union(stages[y].set);

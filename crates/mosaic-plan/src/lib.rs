@@ -30,17 +30,22 @@
 //! assert_eq!(plan.iteration_ms, 200.0);
 //! ```
 
+mod bound;
 mod cache;
 mod candidates;
 mod error;
 pub mod exact;
 pub mod gahc;
+pub mod local;
+pub mod nodes;
 pub mod order;
 mod plan;
 mod read;
+pub mod sequence;
 pub mod stage_eval;
 pub mod synthetic;
 
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use mosaic_profile::{ModuleSet, PerfModel};
@@ -48,11 +53,11 @@ use mosaic_profile::{ModuleSet, PerfModel};
 pub use cache::{EvalStats, StageCache};
 pub use candidates::{Candidate, Candidates};
 pub use error::{PlanError, PlanFileError};
-pub use exact::exact;
+pub use exact::{exact, Exact};
 pub use gahc::gahc;
 pub use plan::{Plan, PlanModule, PlanStage, PLAN_FORMAT};
 pub use read::{load_plan, parse_plan, Assignment, ModuleGraph};
-pub use stage_eval::{stage_eval, Placement, StageAlloc};
+pub use stage_eval::{stage_eval, stage_eval_within, Limits, Outcome, Placement, StageAlloc};
 
 /// The least SM quota a plan may give a module: 0.1 % of a GPU, below one SM of any GPU (an
 /// H100's SM is 0.76 %), so that no quota is a denormal the simulator cannot run.
@@ -126,16 +131,24 @@ impl<'m> Problem<'m> {
         let k = taus.partition_point(|&t| !fits(t));
         taus.get(k).copied().unwrap_or(f64::INFINITY)
     }
+
+    /// A lower bound on the iteration time of every plan: the Lagrangian relaxation of
+    /// `bound.rs`, which combines the critical path at the modules' fastest times with their
+    /// quota area × time over the pool's SM capacity, tightened by the fact that no module of a
+    /// plan runs longer than the plan.
+    pub fn plan_lower_bound(&self) -> f64 {
+        bound::plan_bound(self)
+    }
 }
 
 /// Which stage search to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Search {
-    /// The paper's greedy merging (Alg. 1).
+    /// The paper's greedy merging (Alg. 1) alone.
     Gahc,
-    /// The optimal stage sequence (fails if it does not finish within the budget).
+    /// GAHC, local moves, then the exact search until it proves the optimum or the budget ends.
     Exact,
-    /// Exact when it finishes within the budget, else GAHC.
+    /// As `Exact`, but the exact search only on problems small enough for it to finish.
     #[default]
     Auto,
 }
@@ -145,7 +158,7 @@ pub enum Search {
 pub struct SolveOptions {
     /// The stage search.
     pub search: Search,
-    /// Time the exact search may take.
+    /// The deadline, from the call: `solve` returns the best plan found by then.
     pub budget: Duration,
 }
 
@@ -158,30 +171,109 @@ impl Default for SolveOptions {
     }
 }
 
-/// Plans `model` on `gpus` GPUs. GAHC always runs first: it is the answer for `gahc`, the
-/// incumbent that prunes the exact search, and the fallback of `auto`.
+/// StageEval's caps while GAHC and the local search run: well under a millisecond per call at
+/// first, so that no single stage eats the budget of the whole search (their answers are then
+/// the best allocation found, not proven optimal; the exact search lifts the caps).
+pub const HEURISTIC_LIMITS: Limits = Limits {
+    deadline: None,
+    nodes: 256,
+    splits: 64,
+};
+
+/// The deepest StageEval the local passes deepen to, in search nodes.
+const DEEPEST_NODES: u64 = 256 * 8 * 8 * 8;
+
+/// Plans `model` on `gpus` GPUs within `opts.budget`, anytime: GAHC (§3.4) gives a first plan,
+/// local moves improve it, and the exact search, when it runs, either proves a plan optimal or
+/// raises the lower bound. Every phase stops at the deadline with the best valid plan so far;
+/// the plan says what was proven about it ([`Plan::optimal`], [`Plan::lower_bound_ms`]).
 pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, PlanError> {
     let start = Instant::now();
+    // A budget beyond a year is no deadline at all (and would overflow `Instant`).
+    let deadline = start + opts.budget.min(Duration::from_secs(365 * 86_400));
     let problem = Problem::new(model, gpus)?;
-    let mut cache = StageCache::new(&problem);
-    let greedy = gahc(&mut cache)?;
-    let (stages, search) = match opts.search {
-        Search::Gahc => (greedy, "gahc"),
-        Search::Exact | Search::Auto => {
-            let upper: f64 = greedy.iter().map(|s| s.time_ms).sum();
-            match exact(&mut cache, upper, start + opts.budget) {
-                Ok(Some(better)) => (better, "exact"),
-                Ok(None) => (greedy, "exact"), // proven: nothing beats GAHC's plan
-                Err(exact::Timeout) if opts.search == Search::Auto => (greedy, "gahc"),
-                Err(exact::Timeout) => {
-                    return Err(PlanError::ExactTimeout {
-                        budget_ms: opts.budget.as_millis() as u64,
-                        modules: model.modules.len(),
-                    })
-                }
-            }
-        }
+    let limits = |nodes| Limits {
+        deadline: Some(deadline),
+        nodes,
+        ..HEURISTIC_LIMITS
     };
+    let mut cache = StageCache::with_limits(&problem, limits(HEURISTIC_LIMITS.nodes));
+    let mut stages = gahc(&mut cache, deadline)?;
+    let mut search = "gahc";
+    let mut lower = problem.plan_lower_bound();
+    let mut optimal = false;
+    if opts.search != Search::Gahc {
+        // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a
+        // pass gains and time is left.
+        let mut nodes = HEURISTIC_LIMITS.nodes;
+        loop {
+            let before = total_ms(&stages);
+            let moved = local::improve(&mut cache, stages.clone(), deadline);
+            let improved = sequence::improve(&mut cache, moved, deadline);
+            let gained = total_ms(&improved) < before * (1.0 - 1e-9);
+            if gained {
+                stages = improved;
+                search = "local";
+            }
+            if !gained || nodes >= DEEPEST_NODES || Instant::now() >= deadline {
+                break;
+            }
+            nodes *= 8;
+            cache.set_limits(limits(nodes));
+        }
+        // Auto gives the exact search half of what is left, where it may finish at all.
+        let proof_deadline = match opts.search {
+            Search::Exact => Some(deadline),
+            _ if exact_may_finish(&problem) => {
+                let now = Instant::now();
+                Some(now + deadline.saturating_duration_since(now) / 2)
+            }
+            _ => None,
+        };
+        if let Some(proof_deadline) = proof_deadline {
+            cache.set_limits(Limits {
+                deadline: Some(proof_deadline),
+                ..Limits::EXACT
+            });
+            let found = exact(&mut cache, total_ms(&stages), proof_deadline);
+            if let Some(better) = found.better {
+                stages = better;
+                search = "exact";
+            }
+            optimal = found.finished;
+            lower = lower.max(found.lower_ms);
+        }
+    }
+    // Number the GPUs so that modules keep to few nodes, charging cross-node all-reduces
+    // where they must span more than their profiles assume. The search never charged them, so
+    // a charged plan is no longer proven optimal (the bound still holds).
+    let searched = total_ms(&stages);
+    let stages: Vec<Rc<StageAlloc>> = stages
+        .iter()
+        .map(|s| Rc::new(nodes::embed(s, model, gpus)))
+        .collect();
+    let optimal = optimal && total_ms(&stages) <= searched;
     let solve_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(Plan::new(model, gpus, &stages, search, solve_ms))
+    let mut plan = Plan::new(model, gpus, &stages, search, solve_ms);
+    plan.optimal = optimal;
+    plan.lower_bound_ms = Some(if optimal {
+        plan.iteration_ms
+    } else {
+        plan::round(lower.min(plan.iteration_ms), 3)
+    });
+    Ok(plan)
 }
+
+/// The iteration time of a stage sequence, in ms.
+fn total_ms(stages: &[Rc<StageAlloc>]) -> f64 {
+    stages.iter().map(|s| s.time_ms).sum()
+}
+
+/// Whether the exact search has a chance to finish: few down-sets of the DAG, each with few
+/// possible next stages.
+fn exact_may_finish(problem: &Problem) -> bool {
+    exact::steps(problem.model, EXACT_MAX_STEPS) <= EXACT_MAX_STEPS
+}
+
+/// The most A* steps (down-set, next stage) the auto search tries to prove optimal over.
+const EXACT_MAX_STEPS: u64 = 50_000;

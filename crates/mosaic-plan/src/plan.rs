@@ -17,8 +17,16 @@ pub struct Plan {
     pub format: String,
     /// Predicted iteration time: the sum of the stage times, in ms.
     pub iteration_ms: f64,
-    /// The search that produced the plan: `exact` (proven optimal) or `gahc`.
+    /// The search that produced the plan: `gahc` (the paper's Alg. 1), `local` (GAHC then
+    /// local moves) or `exact` (the exact search found it); other tools' names for baselines.
     pub search: String,
+    /// Whether the plan is proven optimal for its profiles and pool.
+    #[serde(default)]
+    pub optimal: bool,
+    /// A proven lower bound on every plan's iteration time, in ms, when the planner computed
+    /// one: the plan is within `iteration_ms / lower_bound_ms − 1` of the optimum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_bound_ms: Option<f64>,
     /// Wall-clock solve time in ms.
     pub solve_ms: f64,
     /// GPUs in the pool.
@@ -61,7 +69,14 @@ pub struct PlanModule {
     pub sm: f64,
     /// The GPUs holding its replicas.
     pub gpus: Vec<u32>,
-    /// Predicted time including interference, in ms.
+    /// The nodes holding its replicas, ascending: GPU `g` lies on node `g / gpus_per_node` of
+    /// the profile's `nodes` ([`crate::nodes::nodes_of`]). Empty when the profile has no node
+    /// information (the pool is then one node), and in plans written before nodes were known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<u32>,
+    /// Predicted time including interference, in ms; on a profile with nodes, also what its
+    /// gradient all-reduce loses to spanning more nodes than its profile's packed placement
+    /// ([`crate::nodes::cross_node_ms`]).
     pub time_ms: f64,
     /// Predicted time without interference, f_m(dp, sm), in ms.
     pub base_ms: f64,
@@ -70,7 +85,7 @@ pub struct PlanModule {
 }
 
 /// Rounds for display and files: times to µs, quotas to 1e-6.
-fn round(x: f64, digits: i32) -> f64 {
+pub(crate) fn round(x: f64, digits: i32) -> f64 {
     let k = 10f64.powi(digits);
     (x * k).round() / k
 }
@@ -108,6 +123,9 @@ impl Plan {
                             dp: p.choice.dp,
                             sm: round(model.quota(p.choice.units), 6),
                             gpus: p.gpus.clone(),
+                            nodes: model.nodes.map_or_else(Vec::new, |n| {
+                                crate::nodes::nodes_of(&p.gpus, n.gpus_per_node)
+                            }),
                             time_ms: round(p.time_ms, 3),
                             base_ms: round(p.choice.time_ms, 3),
                             mem_gib: round(p.choice.mem_gib, 3),
@@ -121,6 +139,8 @@ impl Plan {
             format: PLAN_FORMAT.to_string(),
             iteration_ms: round(stages.iter().map(|s| s.time_ms).sum(), 3),
             search: search.to_string(),
+            optimal: false,
+            lower_bound_ms: None,
             solve_ms: round(solve_ms, 3),
             gpus,
             device: model.device.name.clone(),

@@ -1,9 +1,10 @@
 //! Reading a `mosaic-plan/1` file, the one way every consumer reads a plan: [`load_plan`]
 //! parses it with field-path errors, and [`Plan::resolve`] checks it against the model it runs
 //! (every module placed exactly once, producers in earlier stages, `dp` equal to the number of
-//! its GPUs, distinct GPUs of the pool, quotas in (0, 1] adding up to at most a whole GPU) and
-//! turns module names into indices. The simulator and the engine then check only what is
-//! theirs (a cluster's device and memory, a batch size).
+//! its GPUs, distinct GPUs of the pool, quotas in (0, 1] adding up to at most a whole GPU, and
+//! `nodes`, where listed, shaped like the nodes of its GPUs) and turns module names into
+//! indices. The simulator and the engine then check only what is theirs (a cluster's device,
+//! memory and node size — [`Plan::check_nodes`] — and a batch size).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,9 +17,9 @@ use crate::plan::{Plan, PlanModule, PLAN_FORMAT};
 /// Reads and parses a `mosaic-plan/1` file; errors name the file and the field.
 pub fn load_plan(path: impl AsRef<Path>) -> Result<Plan, PlanFileError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| PlanFileError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| PlanFileError::Io {
         file: path.to_path_buf(),
-        source,
+        error,
     })?;
     parse_plan(&text, path)
 }
@@ -139,8 +140,11 @@ impl Plan {
     /// [`Plan::resolve`], and the planned memory (`mem_gib`) within the device on every GPU.
     /// Returns the first violation found.
     pub fn check(&self, model: &PerfModel) -> Result<(), String> {
+        let file = Path::new("plan");
         let stages = self
-            .resolve(Path::new("plan"), &ModuleGraph::of(model))
+            .resolve(file, &ModuleGraph::of(model))
+            .map_err(|e| e.to_string())?;
+        self.check_nodes(file, model.nodes.map(|n| n.gpus_per_node))
             .map_err(|e| e.to_string())?;
         for (si, (stage, planned)) in stages.iter().zip(&self.stages).enumerate() {
             let mut mem = vec![0.0; self.gpus as usize];
@@ -154,6 +158,49 @@ impl Plan {
                     "stage {si}: GPU {g} needs {:.2} GiB > {}",
                     mem[g], model.device.memory_gib
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Plan {
+    /// Checks every module's `nodes` (read from `file`, which errors name) against the node
+    /// size of what runs the plan: with `Some(gpus_per_node)`, a module that lists nodes must
+    /// list exactly those its GPUs lie on ([`crate::nodes::nodes_of`]); with `None` (one node,
+    /// no node information), none may list any. A module listing none is always accepted (a
+    /// plan made without node information).
+    pub fn check_nodes(
+        &self,
+        file: &Path,
+        gpus_per_node: Option<u32>,
+    ) -> Result<(), PlanFileError> {
+        for (si, s) in self.stages.iter().enumerate() {
+            for (mi, m) in s.modules.iter().enumerate() {
+                if m.nodes.is_empty() {
+                    continue;
+                }
+                let message = match gpus_per_node {
+                    Some(gpn) => {
+                        let want = crate::nodes::nodes_of(&m.gpus, gpn);
+                        if want == m.nodes {
+                            continue;
+                        }
+                        format!(
+                            "{:?}, but GPUs {:?} lie on nodes {want:?} ({gpn} GPUs per node)",
+                            m.nodes, m.gpus
+                        )
+                    }
+                    None => format!(
+                        "{:?}, but the pool it runs on is one node (its profile has no `nodes`)",
+                        m.nodes
+                    ),
+                };
+                return Err(PlanFileError::BadNodes {
+                    file: file.to_path_buf(),
+                    field: format!("stages[{si}].modules[{mi}].nodes"),
+                    message,
+                });
             }
         }
         Ok(())
@@ -250,6 +297,7 @@ impl Resolver<'_> {
                 gpus: m.gpus.len(),
             });
         }
+        self.nodes(at, m)?;
         Ok(Assignment {
             module,
             dp: m.dp,
@@ -313,6 +361,26 @@ impl Resolver<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Checks the shape of a module's `nodes`, whatever the node size: ascending and distinct,
+    /// no more than its GPUs, none past its last GPU's number (a node holds at least one GPU).
+    /// [`Plan::check_nodes`] checks them against a node size.
+    fn nodes(&self, at: &str, m: &PlanModule) -> Result<(), PlanFileError> {
+        let last = m.gpus.iter().copied().max().unwrap_or(0);
+        let ascending = m.nodes.windows(2).all(|w| w[0] < w[1]);
+        if ascending && m.nodes.len() <= m.gpus.len() && m.nodes.iter().all(|&n| n <= last) {
+            return Ok(());
+        }
+        Err(PlanFileError::BadNodes {
+            file: self.file(),
+            field: format!("{at}.nodes"),
+            message: format!(
+                "{:?} are not the nodes of GPUs {:?}: expected distinct node numbers, ascending, \
+                 at most one per GPU and none above the largest GPU number",
+                m.nodes, m.gpus
+            ),
+        })
     }
 
     /// Every module of the graph is placed.

@@ -1,5 +1,5 @@
-//! StageEval: the exact intra-stage allocation of Mosaic §3.1 (Eq. 4–6) with the interference
-//! rectification of §3.3.
+//! StageEval: the intra-stage allocation of Mosaic §3.1 (Eq. 4–6) with the interference
+//! rectification of §3.3, exact when it may run to the end and anytime when it may not.
 //!
 //! Given the modules of one stage, choose one candidate (dp, quota) per module and place its dp
 //! replicas on dp distinct GPUs with the same quota on each (Eq. 6), so that every GPU's quotas
@@ -7,14 +7,17 @@
 //! `max_m T_m(d_m, a_m) · (1 + max_{g ∈ G_m} Δ_g)`.
 //!
 //! The paper binary-searches a target latency and asks CP-SAT for feasibility. We solve the
-//! min–max directly by depth-first branch and bound, which is exact and, on this problem,
-//! three to five orders of magnitude faster than a CP-SAT or MIP model (see README):
+//! min–max directly by depth-first branch and bound:
+//! - **GPUs are counted, not enumerated.** A GPU's state (free quota, free memory, Δ) follows
+//!   from the set of modules it hosts, so the pool is a list of *classes*: a hosted set and how
+//!   many GPUs host exactly it. Placing a module chooses how many replicas go to each class; a
+//!   class splits in two, and the bit of the new module keeps every class's set distinct. A
+//!   node of the search costs O(classes), never O(GPUs): the initial pool of 1,024 GPUs is one
+//!   class. GPU numbers appear only when the final allocation is written out.
 //! - **Incumbent**: a greedy threshold packing gives the first upper bound `best`.
 //! - **Branching**: modules in order of decreasing fastest time; for each, candidates faster
 //!   than `best` (a prefix of its time-sorted list, so it shrinks as `best` improves); for each
-//!   candidate, every way to place its replicas *up to GPU symmetry*: GPUs hosting the same set
-//!   of modules are interchangeable, so we choose how many replicas go to each such class and
-//!   take the class's first GPUs.
+//!   candidate, every split of its replicas over the classes with room.
 //! - **Bounds**: (1) capacity: the quota units and memory the remaining modules need at least,
 //!   using only candidates faster than `best`, must fit in what is left; (2) interference: a
 //!   placed module's time is at least `T · (1 + e1 + e2 · ΣB)` on any GPU it already shares,
@@ -22,8 +25,13 @@
 //!   Eq. 8 on a GPU no later module can still fit on.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
-//! Invariant: the search visits, up to GPU relabelling, every allocation whose stage time is
-//! below the incumbent, so the returned allocation is optimal.
+//! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
+//! whose stage time is below the incumbent, so the result is optimal. [`Limits`] may cap the
+//! search: a deadline, a number of nodes, and a number of replica splits per placement beyond
+//! which only two (emptiest GPUs first, fullest first) are tried. A capped search returns the
+//! best allocation it found and says it is not proven ([`Outcome::proven`]).
+
+use std::time::Instant;
 
 use mosaic_profile::{Interference, ModuleSet};
 
@@ -43,7 +51,7 @@ pub struct Placement {
     pub time_ms: f64,
 }
 
-/// The optimal allocation of one stage.
+/// An allocation of one stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageAlloc {
     /// The modules of the stage.
@@ -54,13 +62,58 @@ pub struct StageAlloc {
     pub placements: Vec<Placement>,
 }
 
+/// How far one StageEval call may search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Stop at this instant.
+    pub deadline: Option<Instant>,
+    /// Stop after this many search nodes.
+    pub nodes: u64,
+    /// Try every split of a module's replicas over the GPU classes only when there are at most
+    /// this many; otherwise try two.
+    pub splits: u64,
+}
+
+impl Limits {
+    /// No limit: the search runs to the end and its answer is optimal.
+    pub const EXACT: Limits = Limits {
+        deadline: None,
+        nodes: u64::MAX,
+        splits: u64::MAX,
+    };
+}
+
+/// What one StageEval call found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The best allocation found strictly below the cutoff, if any.
+    pub alloc: Option<StageAlloc>,
+    /// Whether the search was complete: then `alloc` is optimal, and `None` proves that no
+    /// allocation is below the cutoff.
+    pub proven: bool,
+}
+
 /// Solves one stage exactly. Returns the optimal allocation when its time is strictly below
 /// `cutoff`, and `None` when no allocation is (including when the modules cannot be placed at
 /// all).
 pub fn stage_eval(problem: &Problem, set: ModuleSet, cutoff: f64) -> Option<StageAlloc> {
+    stage_eval_within(problem, set, cutoff, &Limits::EXACT).alloc
+}
+
+/// Solves one stage within `limits`: the best allocation found strictly below `cutoff`, and
+/// whether the search was complete.
+pub fn stage_eval_within(
+    problem: &Problem,
+    set: ModuleSet,
+    cutoff: f64,
+    limits: &Limits,
+) -> Outcome {
     let mut order: Vec<usize> = set.iter().collect();
-    if order.iter().any(|&m| problem.cands[m].is_empty()) {
-        return None;
+    if order.is_empty() || order.iter().any(|&m| problem.cands[m].is_empty()) {
+        return Outcome {
+            alloc: None,
+            proven: true,
+        };
     }
     // Bottleneck modules first: they raise the lower bound earliest.
     order.sort_by(|&a, &b| {
@@ -69,78 +122,124 @@ pub fn stage_eval(problem: &Problem, set: ModuleSet, cutoff: f64) -> Option<Stag
             .total_cmp(&problem.cands[a].min_time())
             .then(a.cmp(&b))
     });
-    let mut search = Search::new(problem, order, cutoff);
-    search.room_after = (0..search.order.len())
-        .map(|p| {
-            search.order[p + 1..]
-                .iter()
-                .fold((u32::MAX, f64::INFINITY), |(u, m), &x| {
-                    let list = &problem.cands[x].list;
-                    (
-                        list.iter().map(|c| c.units).fold(u, u32::min),
-                        list.iter().map(|c| c.mem_gib).fold(m, f64::min),
-                    )
-                })
-        })
-        .collect();
+    let mut search = Search::new(problem, order, cutoff, *limits);
     if let Some((t, sol)) = search.greedy() {
         search.best = t;
         search.best_sol = Some(sol);
     }
     search.dfs(0);
-    let sol = search.best_sol.take()?;
-    Some(search.finish(set, sol))
+    let proven = search.complete;
+    let alloc = search.best_sol.take().map(|sol| search.finish(set, &sol));
+    Outcome { alloc, proven }
 }
 
-/// A full assignment: per search position, the candidate index and its GPUs.
-type Solution = Vec<(usize, Vec<u32>)>;
+/// GPUs that host exactly the same search positions, hence are in the same state.
+#[derive(Debug, Clone, Copy)]
+struct Class {
+    /// The search positions hosted, as a bitmask.
+    mask: u64,
+    /// GPUs in the class.
+    count: u32,
+    /// Free quota units on each.
+    free_units: u32,
+    /// Free memory on each, GiB.
+    free_mem: f64,
+    /// Sum and product of the hosted modules' bandwidth utilisations.
+    bw_sum: f64,
+    bw_prod: f64,
+}
+
+impl Class {
+    /// Eq. 8's Δ on these GPUs, exactly (`closed`) or as the lower bound that later modules
+    /// can only raise.
+    fn delta(&self, inter: &Interference, closed: bool) -> f64 {
+        match (self.mask.count_ones(), closed) {
+            (0 | 1, _) => 0.0,
+            (_, true) => inter.e1 + inter.e2 * self.bw_sum + inter.e3 * self.bw_prod,
+            (_, false) => inter.e1 + inter.e2 * self.bw_sum,
+        }
+    }
+}
+
+/// One module's share of an allocation: its search position, candidate index, and how many
+/// replicas went to the GPUs hosting each set of earlier positions.
+type Pick = (usize, usize, Vec<(u64, u32)>);
+
+/// A full allocation, in the order its picks were made.
+type Solution = Vec<Pick>;
 
 struct Search<'p> {
     problem: &'p Problem<'p>,
     /// Module index at each search position.
     order: Vec<usize>,
-    units_per_gpu: u32,
-    mem_cap: f64,
     inter: Interference,
-    free_units: Vec<u32>,
-    free_mem: Vec<f64>,
-    /// Search positions hosted on each GPU, as a bitmask.
-    hosts: Vec<u64>,
-    bw_sum: Vec<f64>,
-    free_units_total: u32,
+    classes: Vec<Class>,
+    free_units_total: u64,
     free_mem_total: f64,
-    /// Current partial assignment.
+    /// Current partial assignment, by position.
     chosen: Solution,
     /// `room_after[p]`: the fewest quota units and least memory any candidate of the modules
     /// after position `p` needs on one GPU.
     room_after: Vec<(u32, f64)>,
     best: f64,
     best_sol: Option<Solution>,
+    limits: Limits,
+    nodes: u64,
+    /// False once a limit cut the search short.
+    complete: bool,
+    /// True once the deadline or the node limit stopped the search.
+    stopped: bool,
 }
 
 const MEM_EPS: f64 = 1e-9;
 
+/// How many nodes pass between two looks at the clock.
+const CLOCK_EVERY: u64 = 64;
+
 impl<'p> Search<'p> {
-    fn new(problem: &'p Problem<'p>, order: Vec<usize>, cutoff: f64) -> Self {
-        let g = problem.gpus as usize;
+    fn new(problem: &'p Problem<'p>, order: Vec<usize>, cutoff: f64, limits: Limits) -> Self {
         let units = problem.model.units_per_gpu;
         let mem = problem.model.device.memory_gib;
+        let room_after = (0..order.len())
+            .map(|p| {
+                order[p + 1..]
+                    .iter()
+                    .fold((u32::MAX, f64::INFINITY), |(u, m), &x| {
+                        let list = &problem.cands[x].list;
+                        (
+                            list.iter().map(|c| c.units).fold(u, u32::min),
+                            list.iter().map(|c| c.mem_gib).fold(m, f64::min),
+                        )
+                    })
+            })
+            .collect();
         Search {
             problem,
             order,
-            units_per_gpu: units,
-            mem_cap: mem,
             inter: problem.model.interference,
-            free_units: vec![units; g],
-            free_mem: vec![mem; g],
-            hosts: vec![0; g],
-            bw_sum: vec![0.0; g],
-            free_units_total: units * g as u32,
-            free_mem_total: mem * g as f64,
+            classes: vec![Self::empty_class(problem)],
+            free_units_total: units as u64 * problem.gpus as u64,
+            free_mem_total: mem * problem.gpus as f64,
             chosen: Vec::new(),
-            room_after: Vec::new(),
+            room_after,
             best: cutoff,
             best_sol: None,
+            limits,
+            nodes: 0,
+            complete: true,
+            stopped: false,
+        }
+    }
+
+    /// The whole pool, hosting nothing.
+    fn empty_class(problem: &Problem) -> Class {
+        Class {
+            mask: 0,
+            count: problem.gpus,
+            free_units: problem.model.units_per_gpu,
+            free_mem: problem.model.device.memory_gib,
+            bw_sum: 0.0,
+            bw_prod: 1.0,
         }
     }
 
@@ -148,23 +247,29 @@ impl<'p> Search<'p> {
         &self.problem.cands[self.order[pos]].list[idx]
     }
 
-    /// Rectified times of a full assignment under Eq. 8.
-    fn rectified(&self, sol: &Solution) -> Vec<f64> {
-        let g = self.problem.gpus as usize;
-        let mut bws: Vec<Vec<f64>> = vec![Vec::new(); g];
-        for (pos, (idx, gpus)) in sol.iter().enumerate() {
-            for &gpu in gpus {
-                bws[gpu as usize].push(self.cand(pos, *idx).bw_util);
+    /// Rectified time per position of the picks `sol` on the pool `classes`, with Δ exact
+    /// (`closed`) or as the lower bound of [`Class::delta`]; positions not picked get 0.
+    fn times(
+        &self,
+        classes: &[Class],
+        sol: &Solution,
+        closed: impl Fn(&Class) -> bool,
+    ) -> Vec<f64> {
+        let mut worst = vec![0.0f64; self.order.len()];
+        for c in classes {
+            let d = c.delta(&self.inter, closed(c));
+            let mut bits = c.mask;
+            while bits != 0 {
+                let p = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                worst[p] = worst[p].max(d);
             }
         }
-        let delta: Vec<f64> = bws.into_iter().map(|b| self.inter.delta(b)).collect();
-        sol.iter()
-            .enumerate()
-            .map(|(pos, (idx, gpus))| {
-                let worst = gpus.iter().map(|&g| delta[g as usize]).fold(0.0, f64::max);
-                self.cand(pos, *idx).time_ms * (1.0 + worst)
-            })
-            .collect()
+        let mut out = vec![0.0; self.order.len()];
+        for (pos, idx, _) in sol {
+            out[*pos] = self.cand(*pos, *idx).time_ms * (1.0 + worst[*pos]);
+        }
+        out
     }
 
     /// Threshold packing: for increasing target times, give each module its smallest-area
@@ -179,13 +284,13 @@ impl<'p> Search<'p> {
             .collect();
         taus.sort_by(f64::total_cmp);
         taus.dedup();
-        let cap = self.units_per_gpu * self.problem.gpus;
+        let cap = self.free_units_total;
         // The first target whose smallest areas fit the pool; packing is tried from there.
         let first = taus.partition_point(|&tau| {
             cands
                 .iter()
-                .map(|c| c.min_area_at_most(tau).unwrap_or(u32::MAX / 64))
-                .sum::<u32>()
+                .map(|c| c.min_area_at_most(tau).map_or(u64::MAX / 128, u64::from))
+                .sum::<u64>()
                 > cap
         });
         let mut best: Option<(f64, Solution)> = None;
@@ -194,9 +299,12 @@ impl<'p> Search<'p> {
             if best.as_ref().is_some_and(|(t, _)| tau >= *t) || tries >= 16 {
                 break;
             }
-            if let Some(sol) = self.pack(tau) {
+            if let Some((classes, sol)) = self.pack(tau) {
                 tries += 1;
-                let t = self.rectified(&sol).into_iter().fold(0.0, f64::max);
+                let t = self
+                    .times(&classes, &sol, |_| true)
+                    .into_iter()
+                    .fold(0.0, f64::max);
                 if best.as_ref().is_none_or(|(b, _)| t < *b) {
                     best = Some((t, sol));
                 }
@@ -205,8 +313,9 @@ impl<'p> Search<'p> {
         best.filter(|(t, _)| *t < self.best)
     }
 
-    fn pack(&self, tau: f64) -> Option<Solution> {
-        let g = self.problem.gpus as usize;
+    /// Packs every module's smallest-area candidate within `tau`, largest first, each replica
+    /// on the least-loaded GPUs with room.
+    fn pack(&self, tau: f64) -> Option<(Vec<Class>, Solution)> {
         let mut picks: Vec<(usize, usize)> = Vec::new(); // (pos, candidate index)
         for (pos, &m) in self.order.iter().enumerate() {
             let list = &self.problem.cands[m].list;
@@ -220,34 +329,49 @@ impl<'p> Search<'p> {
             picks.push((pos, idx));
         }
         picks.sort_by_key(|&(pos, idx)| std::cmp::Reverse(self.cand(pos, idx).area));
-        let mut units = vec![self.units_per_gpu; g];
-        let mut mem = vec![self.mem_cap; g];
-        let mut load = vec![0u32; g];
-        let mut sol: Solution = vec![(0, Vec::new()); self.order.len()];
+        let mut classes = vec![Self::empty_class(self.problem)];
+        let mut sol = Solution::new();
         for (pos, idx) in picks {
             let c = self.cand(pos, idx);
-            let mut fit: Vec<usize> = (0..g)
-                .filter(|&x| units[x] >= c.units && mem[x] + MEM_EPS >= c.mem_gib)
-                .collect();
-            if fit.len() < c.dp as usize {
-                return None;
-            }
-            fit.sort_by_key(|&x| (load[x], std::cmp::Reverse(units[x]), x));
-            let mut gpus: Vec<u32> = fit[..c.dp as usize].iter().map(|&x| x as u32).collect();
-            gpus.sort_unstable();
-            for &x in &gpus {
-                units[x as usize] -= c.units;
-                mem[x as usize] -= c.mem_gib;
-                load[x as usize] += 1;
-            }
-            sol[pos] = (idx, gpus);
+            let mut fit = eligible(&classes, c);
+            fit.sort_by_key(|&k| {
+                (
+                    classes[k].mask.count_ones(),
+                    std::cmp::Reverse(classes[k].free_units),
+                    classes[k].mask,
+                )
+            });
+            let split = fill(&classes, &fit, c.dp)?;
+            let parts = apply(&mut classes, &split, pos, c);
+            sol.push((pos, idx, parts));
         }
-        Some(sol)
+        Some((classes, sol))
+    }
+
+    /// Counts a node and reports whether a limit stops the search here.
+    fn out_of_limits(&mut self) -> bool {
+        if self.stopped {
+            return true;
+        }
+        self.nodes += 1;
+        let clock = self.nodes.is_multiple_of(CLOCK_EVERY)
+            && self.limits.deadline.is_some_and(|d| Instant::now() >= d);
+        if self.nodes > self.limits.nodes || clock {
+            self.stopped = true;
+            self.complete = false;
+        }
+        self.stopped
     }
 
     fn dfs(&mut self, pos: usize) {
+        if self.stopped {
+            return;
+        }
         if pos == self.order.len() {
-            let t = self.rectified(&self.chosen).into_iter().fold(0.0, f64::max);
+            let t = self
+                .times(&self.classes, &self.chosen, |_| true)
+                .into_iter()
+                .fold(0.0, f64::max);
             if t < self.best {
                 self.best = t;
                 self.best_sol = Some(self.chosen.clone());
@@ -255,11 +379,11 @@ impl<'p> Search<'p> {
             return;
         }
         // What the modules after this one need at least, with candidates faster than `best`.
-        let (mut need_units, mut need_mem) = (0u32, 0.0);
+        let (mut need_units, mut need_mem) = (0u64, 0.0);
         for &m in &self.order[pos + 1..] {
             match self.problem.cands[m].min_need_below(self.best) {
                 Some((a, mem)) => {
-                    need_units += a;
+                    need_units += a as u64;
                     need_mem += mem;
                 }
                 None => return,
@@ -268,9 +392,9 @@ impl<'p> Search<'p> {
         let module = self.order[pos];
         let mut idx = 0;
         // `best` may fall while we iterate: re-check the prefix bound each time.
-        while idx < self.problem.cands[module].count_below(self.best) {
+        while idx < self.problem.cands[module].count_below(self.best) && !self.stopped {
             let c = *self.cand(pos, idx);
-            if c.area + need_units <= self.free_units_total
+            if c.area as u64 + need_units <= self.free_units_total
                 && c.dp as f64 * c.mem_gib + need_mem <= self.free_mem_total + MEM_EPS
             {
                 self.place_all_ways(pos, idx, &c);
@@ -279,89 +403,99 @@ impl<'p> Search<'p> {
         }
     }
 
-    /// Tries every placement of candidate `idx` of position `pos`, up to GPU symmetry.
+    /// Tries the splits of candidate `idx` of position `pos` over the classes with room: all
+    /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
-        // Classes of interchangeable GPUs that have room: same hosted set, same free state.
-        let mut classes: Vec<(u64, Vec<u32>)> = Vec::new();
-        for g in 0..self.free_units.len() {
-            if self.free_units[g] < c.units || self.free_mem[g] + MEM_EPS < c.mem_gib {
-                continue;
-            }
-            match classes.iter_mut().find(|(h, _)| *h == self.hosts[g]) {
-                Some((_, v)) => v.push(g as u32),
-                None => classes.push((self.hosts[g], vec![g as u32])),
-            }
-        }
-        if classes.iter().map(|(_, v)| v.len()).sum::<usize>() < c.dp as usize {
+        let mut fit = eligible(&self.classes, c);
+        if fit
+            .iter()
+            .map(|&k| self.classes[k].count as u64)
+            .sum::<u64>()
+            < c.dp as u64
+        {
             return;
         }
         // Emptier GPUs first: less interference, so good incumbents come early.
-        classes.sort_by_key(|(h, v)| (h.count_ones(), v[0]));
-        let mut counts = vec![0usize; classes.len()];
-        self.compose(pos, idx, c, &classes, &mut counts, 0, c.dp as usize);
+        let classes = &self.classes;
+        fit.sort_by_key(|&k| {
+            (
+                classes[k].mask.count_ones(),
+                std::cmp::Reverse(classes[k].free_units),
+                classes[k].mask,
+            )
+        });
+        let counts: Vec<u32> = fit.iter().map(|&k| self.classes[k].count).collect();
+        if splits(&counts, c.dp, self.limits.splits) <= self.limits.splits {
+            let mut split = Vec::with_capacity(fit.len());
+            self.compose(pos, idx, c, &fit, &mut split, c.dp);
+            return;
+        }
+        self.complete = false;
+        let emptiest = fill(&self.classes, &fit, c.dp);
+        let mut tight = fit.clone();
+        tight.sort_by_key(|&k| {
+            (
+                self.classes[k].free_units,
+                std::cmp::Reverse(self.classes[k].mask.count_ones()),
+                self.classes[k].mask,
+            )
+        });
+        let fullest = fill(&self.classes, &tight, c.dp).filter(|f| Some(f) != emptiest.as_ref());
+        for split in [emptiest, fullest].into_iter().flatten() {
+            self.descend(pos, idx, c, &split);
+        }
     }
 
-    /// Enumerates how many replicas go to each class (classes `k..`), `left` still to place.
-    #[allow(clippy::too_many_arguments)]
+    /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
+    /// place, then descends.
     fn compose(
         &mut self,
         pos: usize,
         idx: usize,
         c: &Candidate,
-        classes: &[(u64, Vec<u32>)],
-        counts: &mut Vec<usize>,
-        k: usize,
-        left: usize,
+        fit: &[usize],
+        split: &mut Vec<(usize, u32)>,
+        left: u32,
     ) {
         if left == 0 {
-            let gpus: Vec<u32> = classes
-                .iter()
-                .zip(counts.iter())
-                .flat_map(|((_, v), &n)| v[..n].iter().copied())
-                .collect();
-            self.descend(pos, idx, c, gpus);
+            let chosen = split.clone();
+            self.descend(pos, idx, c, &chosen);
             return;
         }
-        if k == classes.len() {
+        let k = split.len();
+        if k == fit.len() || self.stopped {
             return;
         }
-        let room_after: usize = classes[k + 1..].iter().map(|(_, v)| v.len()).sum();
-        let hi = left.min(classes[k].1.len());
-        let lo = left.saturating_sub(room_after);
+        let room_after: u64 = fit[k + 1..]
+            .iter()
+            .map(|&j| self.classes[j].count as u64)
+            .sum();
+        let hi = left.min(self.classes[fit[k]].count);
+        let lo = (left as u64).saturating_sub(room_after) as u32;
         for n in (lo..=hi).rev() {
-            counts[k] = n;
-            self.compose(pos, idx, c, classes, counts, k + 1, left - n);
-            counts[k] = 0;
+            split.push((fit[k], n));
+            self.compose(pos, idx, c, fit, split, left - n);
+            split.pop();
         }
     }
 
-    /// Places the replicas on `gpus`, bounds, recurses, and undoes.
-    fn descend(&mut self, pos: usize, idx: usize, c: &Candidate, mut gpus: Vec<u32>) {
-        gpus.sort_unstable();
-        let bit = 1u64 << pos;
-        for &g in &gpus {
-            let g = g as usize;
-            self.free_units[g] -= c.units;
-            self.free_mem[g] -= c.mem_gib;
-            self.hosts[g] |= bit;
-            self.bw_sum[g] += c.bw_util;
+    /// Places the replicas as `split` says (class index, replicas), bounds, recurses, undoes.
+    fn descend(&mut self, pos: usize, idx: usize, c: &Candidate, split: &[(usize, u32)]) {
+        if self.out_of_limits() {
+            return;
         }
-        self.free_units_total -= c.area;
+        let saved = self.classes.clone();
+        let parts = apply(&mut self.classes, split, pos, c);
+        self.free_units_total -= c.area as u64;
         self.free_mem_total -= c.dp as f64 * c.mem_gib;
-        self.chosen.push((idx, gpus.clone()));
+        self.chosen.push((pos, idx, parts));
         if self.bound(pos) < self.best {
             self.dfs(pos + 1);
         }
         self.chosen.pop();
-        self.free_units_total += c.area;
+        self.free_units_total += c.area as u64;
         self.free_mem_total += c.dp as f64 * c.mem_gib;
-        for &g in &gpus {
-            let g = g as usize;
-            self.free_units[g] += c.units;
-            self.free_mem[g] += c.mem_gib;
-            self.hosts[g] &= !bit;
-            self.bw_sum[g] -= c.bw_util;
-        }
+        self.classes = saved;
     }
 
     /// A lower bound on the stage time of any completion of the first `pos + 1` placements.
@@ -371,52 +505,162 @@ impl<'p> Search<'p> {
     /// *closed*: no later module has a candidate small enough to join it.
     fn bound(&self, pos: usize) -> f64 {
         let (min_units, min_mem) = self.room_after[pos];
-        let delta: Vec<f64> = (0..self.hosts.len())
-            .map(|g| {
-                let h = self.hosts[g];
-                if h.count_ones() < 2 {
-                    0.0
-                } else if self.free_units[g] < min_units || self.free_mem[g] + MEM_EPS < min_mem {
-                    let mut prod = 1.0;
-                    let mut bits = h;
-                    while bits != 0 {
-                        let p = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        prod *= self.cand(p, self.chosen[p].0).bw_util;
-                    }
-                    self.inter.e1 + self.inter.e2 * self.bw_sum[g] + self.inter.e3 * prod
-                } else {
-                    self.inter.e1 + self.inter.e2 * self.bw_sum[g]
-                }
-            })
-            .collect();
-        self.chosen
-            .iter()
-            .enumerate()
-            .map(|(p, (idx, gpus))| {
-                let worst = gpus.iter().map(|&g| delta[g as usize]).fold(0.0, f64::max);
-                self.cand(p, *idx).time_ms * (1.0 + worst)
-            })
-            .fold(0.0, f64::max)
+        self.times(&self.classes, &self.chosen, |c| {
+            c.free_units < min_units || c.free_mem + MEM_EPS < min_mem
+        })
+        .into_iter()
+        .fold(0.0, f64::max)
     }
 
-    fn finish(&self, set: ModuleSet, sol: Solution) -> StageAlloc {
-        let times = self.rectified(&sol);
-        let mut placements: Vec<Placement> = sol
+    /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
+    /// classes it chose.
+    fn finish(&self, set: ModuleSet, sol: &Solution) -> StageAlloc {
+        let g = self.problem.gpus as usize;
+        let mut hosted = vec![0u64; g];
+        let mut placed: Vec<(usize, usize, Vec<u32>)> = Vec::with_capacity(sol.len());
+        for (pos, idx, parts) in sol {
+            let mut gpus = Vec::with_capacity(self.cand(*pos, *idx).dp as usize);
+            for &(mask, n) in parts {
+                let before = gpus.len();
+                for (x, h) in hosted.iter_mut().enumerate() {
+                    if gpus.len() - before == n as usize {
+                        break;
+                    }
+                    if *h == mask {
+                        *h |= 1 << pos;
+                        gpus.push(x as u32);
+                    }
+                }
+            }
+            gpus.sort_unstable();
+            placed.push((*pos, *idx, gpus));
+        }
+        // Eq. 8 per GPU, from what it finally hosts.
+        let mut bws: Vec<Vec<f64>> = vec![Vec::new(); g];
+        for (pos, idx, gpus) in &placed {
+            for &x in gpus {
+                bws[x as usize].push(self.cand(*pos, *idx).bw_util);
+            }
+        }
+        let delta: Vec<f64> = bws.into_iter().map(|b| self.inter.delta(b)).collect();
+        let mut placements: Vec<Placement> = placed
             .into_iter()
-            .enumerate()
-            .map(|(pos, (idx, gpus))| Placement {
-                module: self.order[pos],
-                choice: *self.cand(pos, idx),
-                gpus,
-                time_ms: times[pos],
+            .map(|(pos, idx, gpus)| {
+                let worst = gpus.iter().map(|&x| delta[x as usize]).fold(0.0, f64::max);
+                let choice = *self.cand(pos, idx);
+                Placement {
+                    module: self.order[pos],
+                    choice,
+                    gpus,
+                    time_ms: choice.time_ms * (1.0 + worst),
+                }
             })
             .collect();
         placements.sort_by_key(|p| p.module);
         StageAlloc {
             set,
-            time_ms: times.iter().copied().fold(0.0, f64::max),
+            time_ms: placements.iter().map(|p| p.time_ms).fold(0.0, f64::max),
             placements,
         }
+    }
+}
+
+/// The classes with a GPU that has room for one replica of `c`.
+fn eligible(classes: &[Class], c: &Candidate) -> Vec<usize> {
+    (0..classes.len())
+        .filter(|&k| classes[k].free_units >= c.units && classes[k].free_mem + MEM_EPS >= c.mem_gib)
+        .collect()
+}
+
+/// Takes `dp` replicas from the classes `order` in that order, as many as each holds; `None`
+/// when they hold too few GPUs.
+fn fill(classes: &[Class], order: &[usize], dp: u32) -> Option<Vec<(usize, u32)>> {
+    let mut left = dp;
+    let mut split = Vec::new();
+    for &k in order {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(classes[k].count);
+        split.push((k, n));
+        left -= n;
+    }
+    (left == 0).then_some(split)
+}
+
+/// Puts `n` replicas of `c` (position `pos`) on class `k` for each `(k, n)` of `split`: the
+/// class gives up `n` GPUs to a new class that also hosts `pos`. Returns the split as
+/// (hosted set before, replicas), for [`Search::finish`].
+fn apply(
+    classes: &mut Vec<Class>,
+    split: &[(usize, u32)],
+    pos: usize,
+    c: &Candidate,
+) -> Vec<(u64, u32)> {
+    let mut parts = Vec::with_capacity(split.len());
+    for &(k, n) in split {
+        if n == 0 {
+            continue;
+        }
+        let old = classes[k];
+        parts.push((old.mask, n));
+        let new = Class {
+            mask: old.mask | 1 << pos,
+            count: n,
+            free_units: old.free_units - c.units,
+            free_mem: old.free_mem - c.mem_gib,
+            bw_sum: old.bw_sum + c.bw_util,
+            bw_prod: old.bw_prod * c.bw_util,
+        };
+        if n == old.count {
+            classes[k] = new;
+        } else {
+            classes[k].count -= n;
+            classes.push(new);
+        }
+    }
+    parts
+}
+
+/// The number of ways to put `dp` replicas on classes of the given sizes (at most one per
+/// GPU), or `cap + 1` once it exceeds `cap`.
+fn splits(counts: &[u32], dp: u32, cap: u64) -> u64 {
+    if counts.len() <= 1 {
+        return 1;
+    }
+    let dp = dp as usize;
+    // ways[s]: splits of s replicas over the classes seen so far (saturating at cap + 1).
+    let limit = cap.saturating_add(1);
+    let mut ways = vec![0u64; dp + 1];
+    ways[0] = 1;
+    for &n in counts {
+        let n = n as usize;
+        let mut prefix = vec![0u64; dp + 2];
+        for s in 0..=dp {
+            prefix[s + 1] = prefix[s].saturating_add(ways[s]);
+        }
+        for s in 0..=dp {
+            let lo = s.saturating_sub(n);
+            ways[s] = (prefix[s + 1] - prefix[lo]).min(limit);
+        }
+        if ways[dp] >= limit {
+            return limit;
+        }
+    }
+    ways[dp]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_counts_bounded_compositions() {
+        // Two classes of 3 GPUs, 4 replicas: (1,3), (2,2), (3,1).
+        assert_eq!(splits(&[3, 3], 4, 100), 3);
+        // Three classes of 2, 2 replicas: C(2+2, 2) minus the three with 3+ in a class... = 6.
+        assert_eq!(splits(&[2, 2, 2], 2, 100), 6);
+        assert_eq!(splits(&[1000, 1000, 1000], 500, 64), 65);
+        assert_eq!(splits(&[7], 3, 0), 1);
     }
 }

@@ -28,6 +28,9 @@ use mosaic_profile::{
 };
 use proptest::prelude::*;
 
+mod common;
+use common::config;
+
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
 // ---------------------------------------------------------------------------------------------
@@ -53,22 +56,6 @@ fn raw_problem(model: &PerfModel, gpus: u32) -> Problem<'_> {
             .iter()
             .map(|m| Candidates::new(&m.options, gpus))
             .collect(),
-    }
-}
-
-/// `default` cases, or `PROPTEST_CASES` when set (for a long bug hunt); failures print the
-/// shrunk input and write no regression file. Some generated models are rejected (a module
-/// without any option), about one in seven, so the reject limit grows with the case count.
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        max_global_rejects: cases.max(1024),
-        failure_persistence: None,
-        ..ProptestConfig::default()
     }
 }
 
@@ -367,6 +354,7 @@ fn raw_file_on(modules: &[RawModule], e: [usize; 3], partitioned: bool) -> Profi
                 name: format!("m{i}"),
                 after: Vec::new(),
                 samples,
+                grad_gib: None,
             }
         })
         .collect();
@@ -385,6 +373,7 @@ fn raw_file_on(modules: &[RawModule], e: [usize; 3], partitioned: bool) -> Profi
                 step_sms: 4,
             }),
         },
+        nodes: None,
         modules,
         interference: Interference {
             e1: COEF[e[0]],
@@ -857,16 +846,22 @@ proptest! {
         let greedy = greedy.unwrap();
         let best = solve(&model, gpus, &options(Search::Exact)).unwrap();
         prop_assert_eq!(&greedy.search, "gahc");
-        prop_assert_eq!(&best.search, "exact");
+        prop_assert!(best.optimal, "the exact search finishes: {best:?}");
+        for plan in [&greedy, &best] {
+            let bound = plan.lower_bound_ms.expect("solve states a lower bound");
+            prop_assert!(bound <= plan.iteration_ms, "bound {bound} above {}", plan.iteration_ms);
+        }
+        prop_assert_eq!(best.lower_bound_ms, Some(best.iteration_ms));
 
         // The same searches without rounding: GAHC, A* from scratch, and the oracle.
         let problem = Problem::new(&model, gpus).unwrap();
         let mut cache = StageCache::new(&problem);
-        let g = total_ms(&gahc(&mut cache).unwrap());
+        let g = total_ms(&gahc(&mut cache, Instant::now() + EXACT_BUDGET).unwrap());
         let mut fresh = StageCache::new(&problem);
-        let a_star = exact(&mut fresh, f64::INFINITY, Instant::now() + EXACT_BUDGET)
-            .expect("the exact search finishes")
-            .expect("some plan exists");
+        let found = exact(&mut fresh, f64::INFINITY, Instant::now() + EXACT_BUDGET);
+        prop_assert!(found.finished, "the exact search finishes");
+        let a_star = found.better.expect("some plan exists");
+        prop_assert!(rel_close(found.lower_ms, total_ms(&a_star), 1e-12));
         let x = total_ms(&a_star);
         let from_scratch = Plan::new(&model, gpus, &a_star, "exact", 0.0);
 
@@ -902,13 +897,10 @@ fn gahc_is_close_to_exact() {
         let (_, model) = model_of(&file, 0.1).unwrap();
         let problem = Problem::new(&model, 8).unwrap();
         let mut cache = StageCache::new(&problem);
-        let greedy = total_ms(&gahc(&mut cache).unwrap());
-        let optimum = match exact(&mut cache, greedy, Instant::now() + EXACT_BUDGET)
-            .unwrap_or_else(|_| panic!("seed {seed}: exact search timed out"))
-        {
-            Some(stages) => total_ms(&stages),
-            None => greedy,
-        };
+        let greedy = total_ms(&gahc(&mut cache, Instant::now() + EXACT_BUDGET).unwrap());
+        let found = exact(&mut cache, greedy, Instant::now() + EXACT_BUDGET);
+        assert!(found.finished, "seed {seed}: exact search timed out");
+        let optimum = found.better.map_or(greedy, |stages| total_ms(&stages));
         let ratio = optimum / greedy;
         assert!(
             ratio <= 1.0 + 1e-9,

@@ -16,6 +16,10 @@ pub struct ProfileFile {
     pub format: String,
     /// The GPU every sample was taken on.
     pub device: Device,
+    /// How the pool's GPUs are grouped into nodes, and the all-reduce bandwidth inside and
+    /// across them; absent: the pool is one node (nothing is charged for spanning nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Nodes>,
     /// The model's modules; `after` edges make them a DAG.
     pub modules: Vec<ModuleProfile>,
     /// The interference coefficients `e1, e2, e3` (relative slowdown).
@@ -44,6 +48,29 @@ pub struct Device {
     pub partition: Option<SmGranularity>,
 }
 
+/// The nodes of the pool the profile plans for, and the placement its samples assume.
+///
+/// GPUs are numbered node by node: node `k` holds GPUs `k·gpus_per_node ..
+/// (k+1)·gpus_per_node` (the last node may be partial). The samples at `dp` = d were measured
+/// (or modelled) with the d replicas *packed*: on ⌈d / gpus_per_node⌉ nodes, spread as evenly
+/// as those nodes allow (full nodes when d is a multiple of `gpus_per_node`). A placement that
+/// spans more nodes, or leaves fewer replicas on one of its nodes, all-reduces its gradients
+/// more slowly than the samples say; the planner charges the difference
+/// (`mosaic_plan::nodes::cross_node_ms`) from these bandwidths and the modules' `grad_gib`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nodes {
+    /// GPUs per node (one NVLink domain), 1 to [`crate::MAX_GPUS`].
+    pub gpus_per_node: u32,
+    /// Bus bandwidth of a ring all-reduce inside a node, GB/s (10⁹ bytes) per GPU and direction:
+    /// what NCCL reports as `busbw` over NVLink.
+    pub intra_gbps: f64,
+    /// Bus bandwidth a ring all-reduce reaches across nodes through one GPU's InfiniBand NIC,
+    /// GB/s per direction. A ring spanning nodes is bounded by `inter_gbps` × the fewest of
+    /// its GPUs on one node (NCCL runs one ring per NIC), and by `intra_gbps`.
+    pub inter_gbps: f64,
+}
+
 /// One module of the model and its sampled scaling surface.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +81,10 @@ pub struct ModuleProfile {
     pub after: Vec<String>,
     /// Measurements at (dp, sm) grid points.
     pub samples: Vec<Sample>,
+    /// Gradient bytes each replica all-reduces per step, in GiB (0 for a frozen module);
+    /// absent: unknown, and then nothing is charged for a placement spanning nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_gib: Option<f64>,
 }
 
 /// One measurement of a module's training iteration at a data-parallel degree and SM quota.

@@ -57,7 +57,7 @@ pub use colocations::{
     COLOCATIONS_FORMAT,
 };
 pub use error::ProfileError;
-pub use format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+pub use format::{Device, Interference, ModuleProfile, Nodes, ProfileFile, Sample, FORMAT};
 pub use model::{
     ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_GPUS, MAX_MODULES, MAX_QUOTA_UNITS,
 };

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::ProfileError;
-use crate::format::{Device, Interference, ProfileFile};
+use crate::format::{Device, Interference, Nodes, ProfileFile};
 use crate::validate::whole_sms;
 
 /// Most modules a model may have: module sets are 64-bit masks.
@@ -101,6 +101,9 @@ pub struct ModuleModel {
     pub ancestors: ModuleSet,
     /// Candidate deployments that fit in a GPU's memory, ordered by (dp, units).
     pub options: Vec<QuotaOption>,
+    /// Gradient bytes each replica all-reduces per step, GiB: the profile's `grad_gib`, 0
+    /// where it has none (nothing is then charged for spanning nodes).
+    pub grad_gib: f64,
 }
 
 /// The largest pool of GPUs anything here plans, profiles or simulates: a profile's `dp` and a
@@ -118,6 +121,9 @@ pub const MAX_QUOTA_UNITS: u32 = 10_000;
 pub struct PerfModel {
     /// The device the profiles were taken on.
     pub device: Device,
+    /// The pool's nodes and the placement the samples assume (the profile's `nodes`); `None`:
+    /// the pool is one node.
+    pub nodes: Option<Nodes>,
     /// Interference coefficients of Eq. 8.
     pub interference: Interference,
     /// Quota units per GPU: 1 / granularity, or the device's `sm_count` when it has a
@@ -225,10 +231,12 @@ impl PerfModel {
                 parents: parents[i],
                 ancestors: ancestors[i],
                 options,
+                grad_gib: m.grad_gib.unwrap_or(0.0),
             });
         }
         Ok(PerfModel {
             device: p.device.clone(),
+            nodes: p.nodes,
             interference: p.interference,
             units_per_gpu: units,
             modules,

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::error::ProfileError;
-use crate::format::{Device, Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+use crate::format::{Device, Interference, ModuleProfile, Nodes, ProfileFile, Sample, FORMAT};
 use crate::model::MAX_MODULES;
 use crate::partition::{quota_to_sms, SM_QUOTA_TOLERANCE};
 
@@ -90,11 +90,15 @@ fn finite_in(x: f64, lo: f64, hi: f64) -> bool {
 /// Checks everything serde cannot: ranges, unique names, known edges, an acyclic graph.
 fn validate(p: &ProfileFile, file: &Path) -> Result<(), ProfileError> {
     check_device(&p.device, file)?;
+    if let Some(nodes) = &p.nodes {
+        check_nodes(nodes, file)?;
+    }
     check_module_count(p, file)?;
     let index = index_names(p, file)?;
     for (i, m) in p.modules.iter().enumerate() {
         check_after(i, m, &index, file)?;
         check_samples(i, m, &p.device, file)?;
+        check_grad(i, m, file)?;
     }
     check_interference(&p.interference, file)?;
     check_acyclic(p, &index, file)
@@ -132,6 +136,49 @@ fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
         )?;
     }
     Ok(())
+}
+
+/// The largest all-reduce bandwidth a profile may state, GB/s per GPU (NVLink 5 is 900 GB/s
+/// both directions; this leaves two orders of magnitude).
+pub(crate) const MAX_LINK_GBPS: f64 = 1e5;
+
+/// The largest gradient a module may all-reduce per step, GiB (a trillion bf16 parameters is
+/// about 1,900 GiB).
+pub(crate) const MAX_GRAD_GIB: f64 = 1e6;
+
+/// Checks the node size and the two all-reduce bandwidths.
+fn check_nodes(n: &Nodes, file: &Path) -> Result<(), ProfileError> {
+    check(
+        n.gpus_per_node >= 1 && n.gpus_per_node <= crate::MAX_GPUS,
+        file,
+        || "nodes.gpus_per_node".into(),
+        &format!(
+            "expected GPUs per node from 1 to {} (the largest pool the planner takes)",
+            crate::MAX_GPUS
+        ),
+    )?;
+    for (name, v) in [("intra_gbps", n.intra_gbps), ("inter_gbps", n.inter_gbps)] {
+        check(
+            v > 0.0 && finite_in(v, 0.0, MAX_LINK_GBPS),
+            file,
+            || format!("nodes.{name}"),
+            &format!("expected a positive, finite bandwidth in GB/s, at most {MAX_LINK_GBPS:e}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks module `i`'s gradient size, when it has one.
+fn check_grad(i: usize, m: &ModuleProfile, file: &Path) -> Result<(), ProfileError> {
+    match m.grad_gib {
+        Some(g) => check(
+            finite_in(g, 0.0, MAX_GRAD_GIB),
+            file,
+            || format!("modules[{i}].grad_gib"),
+            &format!("expected a non-negative, finite size in GiB, at most {MAX_GRAD_GIB:e}"),
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Checks that there is at least one module and no more than `MAX_MODULES`.
@@ -594,6 +641,90 @@ mod tests {
         let (field, text) = error_of(v);
         assert!(field.starts_with("device.partition"), "{field}");
         assert!(text.contains("unknown field `step`"), "{text}");
+    }
+
+    /// `valid()` on nodes of 8 GPUs, with both modules' gradient sizes.
+    fn with_nodes() -> serde_json::Value {
+        let mut v = valid();
+        v["nodes"] =
+            serde_json::json!({"gpus_per_node": 8, "intra_gbps": 360.0, "inter_gbps": 40.0});
+        v["modules"][0]["grad_gib"] = 0.5.into();
+        v["modules"][1]["grad_gib"] = 0.0.into();
+        v
+    }
+
+    #[test]
+    fn nodes_and_gradient_sizes_parse_and_are_optional() {
+        let p = parse(&with_nodes().to_string(), "ok.json").unwrap();
+        assert_eq!(
+            p.nodes,
+            Some(Nodes {
+                gpus_per_node: 8,
+                intra_gbps: 360.0,
+                inter_gbps: 40.0
+            })
+        );
+        assert_eq!(p.modules[0].grad_gib, Some(0.5));
+        // A file without them reads as one node, and writes back without them.
+        let p = parse(&valid().to_string(), "old.json").unwrap();
+        assert_eq!((p.nodes, p.modules[0].grad_gib), (None, None));
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(
+            !text.contains("nodes") && !text.contains("grad_gib"),
+            "{text}"
+        );
+        assert_eq!(parse(&text, "again.json").unwrap(), p);
+    }
+
+    #[test]
+    fn bad_nodes_are_refused_naming_the_field() {
+        let cases: [(&str, serde_json::Value); 9] = [
+            ("gpus_per_node", 0.into()),
+            ("gpus_per_node", (crate::MAX_GPUS + 1).into()),
+            ("intra_gbps", 0.0.into()),
+            ("intra_gbps", (-1.0).into()),
+            ("intra_gbps", 1e6.into()),
+            ("inter_gbps", 0.0.into()),
+            ("inter_gbps", (-40.0).into()),
+            ("inter_gbps", 2e5.into()),
+            ("inter_gbps", 1e300.into()),
+        ];
+        for (name, bad) in cases {
+            let mut v = with_nodes();
+            v["nodes"][name] = bad.clone();
+            let (field, text) = error_of(v);
+            assert_eq!(field, format!("nodes.{name}"), "{bad}: {text}");
+        }
+        // Missing, unknown and mistyped fields are named too.
+        let mut v = with_nodes();
+        v["nodes"].as_object_mut().unwrap().remove("inter_gbps");
+        let (field, text) = error_of(v);
+        assert_eq!(field, "nodes");
+        assert!(text.contains("inter_gbps"), "{text}");
+        let mut v = with_nodes();
+        v["nodes"]["ib_gbps"] = 50.0.into();
+        assert!(error_of(v).1.contains("unknown field `ib_gbps`"));
+        let mut v = with_nodes();
+        v["nodes"]["gpus_per_node"] = 2.5.into();
+        assert_eq!(error_of(v).0, "nodes.gpus_per_node");
+        // JSON has no NaN or infinity: `null` is a type error on the field.
+        let mut v = with_nodes();
+        v["nodes"]["intra_gbps"] = serde_json::Value::Null;
+        assert_eq!(error_of(v).0, "nodes.intra_gbps");
+    }
+
+    #[test]
+    fn bad_gradient_sizes_are_refused_naming_the_module() {
+        for bad in [-0.5, -1e-9, 1e7, 1e300] {
+            let mut v = with_nodes();
+            v["modules"][1]["grad_gib"] = bad.into();
+            let (field, text) = error_of(v);
+            assert_eq!(field, "modules[1].grad_gib", "{bad}: {text}");
+            assert!(text.contains("GiB"), "{text}");
+        }
+        let mut v = with_nodes();
+        v["modules"][0]["grad_gib"] = "big".into();
+        assert_eq!(error_of(v).0, "modules[0].grad_gib");
     }
 
     #[test]

@@ -38,7 +38,9 @@
 //!   GPUs span nodes (node = GPU index / GPUs per node), each crossed node's InfiniBand
 //!   (`ib × GPUs per node × link_efficiency`: NCCL runs one ring per NIC) by max-min fairness;
 //!   a ring spanning nodes reaches at most `ib × link_efficiency × k`, `k` its fewest GPUs on
-//!   one node (the NICs it can drive there).
+//!   one node (the NICs it can drive there). The planner charges a placement that spans nodes
+//!   by the same rule (`mosaic_plan::nodes::cross_node_ms`, from the profile's `nodes`), so
+//!   the simulator, which reads GPU numbers and not the plan's times, needs nothing more.
 //! - *Stages*: a stage ends when its slowest module's all-reduce ends; the next stage starts
 //!   then on the whole pool (a barrier).
 //!

@@ -23,7 +23,8 @@ fn graph(model: &ModelSpec) -> ModuleGraph {
 }
 
 /// Resolves `plan` against `model` (the plan file's rules), then checks it against `cluster`:
-/// its device, its size and every GPU's memory. The first violation found is returned.
+/// its device, its size, its modules' nodes (where listed) under the cluster's node size and
+/// every GPU's memory. The first violation found is returned.
 pub(crate) fn resolve(
     plan: &Plan,
     file: &Path,
@@ -50,6 +51,8 @@ pub(crate) fn resolve(
             available: cluster.gpus(),
         });
     }
+    // A plan listing its modules' nodes was made for nodes of this size.
+    plan.check_nodes(file, Some(cluster.gpus_per_node))?;
     for (si, stage) in stages.iter().enumerate() {
         check_memory(file, si, stage, plan.gpus, model, cluster, cal)?;
     }

@@ -51,6 +51,20 @@ fn the_good_plan_runs() {
     check_report(&r);
 }
 
+/// A plan's `nodes` must be the nodes of its GPUs on the cluster it runs on: a plan made for
+/// another node size is refused, naming the field.
+#[test]
+fn node_lists_must_match_the_clusters_nodes() {
+    let (m, c) = zoo("ofasys", "h100x8");
+    let mut plan = ofasys_plan();
+    plan.stages[0].modules[0].nodes = vec![0];
+    assert!(simulate(&plan, "good.json", &m, &c).is_ok());
+    let e = refuse(|p| p.stages[0].modules[0].nodes = vec![1], "h100x8");
+    assert!(matches!(&e, SimError::Plan(P::BadNodes { .. })), "{e}");
+    assert_eq!(e.field(), Some("stages[0].modules[0].nodes"));
+    assert!(e.to_string().contains("8 GPUs per node"), "{e}");
+}
+
 #[test]
 fn plans_for_another_cluster_are_refused_with_the_field() {
     let e = refuse(|_| {}, "a100x8");

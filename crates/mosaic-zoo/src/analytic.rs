@@ -30,7 +30,7 @@
 //! small-batch rows, HBM saturation, host cost per launch and per step) default to the fit to
 //! the H100 measurements of CLIP in `examples/h100-clip-profile.json`.
 
-use mosaic_profile::{Interference, ModuleProfile, ProfileFile, Sample, FORMAT};
+use mosaic_profile::{Interference, ModuleProfile, Nodes, ProfileFile, Sample, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::device::{ClusterSpec, DeviceSpec};
@@ -389,6 +389,12 @@ impl Calibration {
 
     /// The ring all-reduce of the gradients not hidden behind the backward pass of a step
     /// computing for `compute_s`, seconds.
+    ///
+    /// The ring is the *packed* placement a profile's samples assume (its `nodes`, see
+    /// [`Calibration::profile`]): `dp` ≤ GPUs per node inside one node, over NVLink; a larger
+    /// `dp` on whole nodes (the profiled dps are powers of two, so multiples of the 8 GPUs of
+    /// a node), each node's GPUs driving its NICs, one ring per NIC. A placement that splits a
+    /// module across more nodes than that is charged by the planner (`mosaic_plan::nodes`).
     fn exposed_reduction(&self, it: &Iteration, cluster: &ClusterSpec, compute_s: f64) -> f64 {
         let d = it.dp as f64;
         // NVLink's datasheet figure counts both directions; a ring uses one.
@@ -444,6 +450,11 @@ impl Calibration {
     /// cluster's GPUs and the global batch (§3.3), `sm` at every quota the device's SM
     /// partitions grant ([`crate::DeviceSpec::quota_grid`]: on an H100 8, 16, …, 128 and all 132
     /// SMs), so that a plan asks only for what the hardware gives.
+    ///
+    /// The file's `nodes` are the cluster's ([`Self::nodes`]) and each module's `grad_gib` the
+    /// bf16 gradient of its parameters that [`Self::estimate`] all-reduces (0 for a frozen
+    /// module): the samples assume the packed placement of `exposed_reduction`, and the
+    /// planner charges a placement that spans more nodes from these.
     pub fn profile(&self, model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
         let batch = model.batch_on(cluster);
         let dps: Vec<u32> = (0..32)
@@ -465,11 +476,13 @@ impl Calibration {
                     })
                     .map(|e| e.sample())
                     .collect(),
+                grad_gib: Some(grad_gib(m)),
             })
             .collect();
         ProfileFile {
             format: FORMAT.to_string(),
             device: cluster.device.profile_device(),
+            nodes: Some(self.nodes(cluster)),
             modules,
             interference: self.interference,
             source: Some(format!(
@@ -482,6 +495,31 @@ impl Calibration {
                 cluster.nodes
             )),
         }
+    }
+}
+
+impl Calibration {
+    /// The profile file's `nodes` of `cluster`: its GPUs per node, and the bus bandwidths the
+    /// ring all-reduce of [`Self::estimate`] reaches per GPU — NVLink one way (the datasheet's
+    /// figure counts both directions, `DeviceSpec::nvlink_gbps`) and one GPU's InfiniBand NIC
+    /// one way (`ClusterSpec::ib_gbps`: 400 Gb/s NDR = 50 GB/s on H100 nodes), each at
+    /// [`Self::link_efficiency`]. On an H100 node: 900 / 2 × 0.8 = 360 and 50 × 0.8 = 40 GB/s.
+    pub fn nodes(&self, cluster: &ClusterSpec) -> Nodes {
+        Nodes {
+            gpus_per_node: cluster.gpus_per_node,
+            intra_gbps: cluster.nvlink_gbps / 2.0 * self.link_efficiency,
+            inter_gbps: cluster.ib_gbps * self.link_efficiency,
+        }
+    }
+}
+
+/// The gradient each replica of `spec` all-reduces per step, GiB: its parameters in bf16 when
+/// it trains (what `exposed_reduction` sends), none when frozen.
+fn grad_gib(spec: &ModuleSpec) -> f64 {
+    if spec.trainable {
+        BF16 * Workload::of(spec).params / GIB
+    } else {
+        0.0
     }
 }
 
@@ -540,6 +578,44 @@ mod tests {
                 assert_eq!(floor, at("imagebind", name, dp, 0.2).launch_ms);
             }
         }
+    }
+
+    #[test]
+    fn the_profile_says_its_nodes_and_each_modules_gradient() {
+        let cal = Calibration::default();
+        for (name, c) in [
+            ("qwen3-vl", "h100x16"),
+            ("imagebind", "a100x8"),
+            ("clip", "h100x4"),
+        ] {
+            let m = model(name).unwrap();
+            let c = cluster(c).unwrap();
+            let p = cal.profile(&m, &c);
+            let nodes = p.nodes.unwrap();
+            assert_eq!(nodes, cal.nodes(&c));
+            assert_eq!(nodes.gpus_per_node, c.gpus_per_node);
+            // One way of NVLink and of a NIC, at the ring's link efficiency.
+            assert_eq!(nodes.intra_gbps, c.nvlink_gbps / 2.0 * cal.link_efficiency);
+            assert_eq!(nodes.inter_gbps, c.ib_gbps * cal.link_efficiency);
+            for (spec, module) in m.modules.iter().zip(&p.modules) {
+                let grad = module.grad_gib.unwrap();
+                let want = if spec.trainable {
+                    2.0 * spec.params as f64 / GIB
+                } else {
+                    0.0
+                };
+                assert!((grad - want).abs() <= 1e-12 * want, "{}: {grad}", spec.name);
+            }
+            // The file reads back, nodes and all.
+            let text = serde_json::to_string(&p).unwrap();
+            assert_eq!(mosaic_profile::parse(&text, "zoo.json").unwrap(), p);
+        }
+        // H100 nodes: 900 GB/s NVLink both ways, 400 Gb/s NDR per GPU, at 80 %.
+        let h100 = cal.nodes(&cluster("h100x16").unwrap());
+        assert_eq!((h100.intra_gbps, h100.inter_gbps), (360.0, 40.0));
+        // Across packed nodes the device model's ring runs at min(NVLink, 8 NICs), which is
+        // what the nodes' bandwidths give the planner for 8 replicas a node.
+        assert_eq!(h100.intra_gbps.min(8.0 * h100.inter_gbps), 320.0);
     }
 
     #[test]

@@ -1,133 +1,176 @@
-//! `mosaic bench`: planning speed and GAHC's quality against the exact search.
+//! `mosaic bench`: planning speed and plan quality over a grid of problem sizes.
 //!
-//! Each case is solved `--repeats` times per search; the table reports medians, which are
-//! stable on a shared 2-core machine where means are not.
+//! Each cell of the grid (generator × modules × GPUs × interference on/off) plans `--seeds`
+//! random models with the default search under `--time-budget`, each `--repeats` times (the
+//! median solve time counts: it is stable on a shared 2-core machine where means are not), and
+//! reports the solve time, the gap to the plan's proven lower bound, how many plans were
+//! proven optimal, and, with `--reference-budget`, the ratio to the optimum where a long exact
+//! search proves one. The zoo's models on 8 and 32 H100s follow, then StageEval alone on the
+//! zoo's widest stages.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use mosaic_plan::{solve, synthetic::random_profiles, Search, SolveOptions};
-use mosaic_profile::PerfModel;
+use mosaic_plan::synthetic::{random_profiles, zoo_shaped_profiles};
+use mosaic_plan::{solve, Plan, Search, SolveOptions};
+use mosaic_profile::{Interference, PerfModel, ProfileFile};
 
 /// Arguments of `mosaic bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Solves per case and search; the median is reported.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Solves per model; the median time is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     repeats: u64,
-    /// Random models per synthetic size.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Random models per cell.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
-    /// Milliseconds the exact search may take per solve.
-    #[arg(long, default_value_t = 10_000)]
+    /// Module counts of the grid.
+    #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32],
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    modules: Vec<usize>,
+    /// GPU counts of the grid.
+    #[arg(long, value_delimiter = ',', default_values_t = [8u32, 32, 128, 1024],
+          value_parser = clap::value_parser!(u32).range(1..=mosaic_plan::MAX_GPUS as i64))]
+    gpus: Vec<u32>,
+    /// Milliseconds each plan may take (as `mosaic plan --time-budget`).
+    #[arg(long, default_value_t = 2000)]
     time_budget: u64,
+    /// Milliseconds of exact search per model to find the optimum to compare with (cells up
+    /// to 16 modules and 32 GPUs; 0: no comparison).
+    #[arg(long, default_value_t = 0)]
+    reference_budget: u64,
     /// Print the rows as JSON.
     #[arg(long)]
     json: bool,
 }
 
-/// One benchmark row.
+/// One cell of the grid.
 #[derive(serde::Serialize)]
 struct Row {
-    case: String,
+    generator: String,
     modules: usize,
     gpus: u32,
-    gahc_median_ms: f64,
-    exact_median_ms: Option<f64>,
-    /// Median over the case's models of GAHC's iteration time over the exact one.
-    gahc_over_exact: Option<f64>,
-    /// Worst such ratio.
-    gahc_over_exact_max: Option<f64>,
+    interference: bool,
+    models: usize,
+    solve_median_ms: f64,
+    solve_max_ms: f64,
+    /// Plan over its lower bound, minus 1 (median, worst).
+    gap_median: f64,
+    gap_max: f64,
+    /// Plans proven optimal.
+    optimal: usize,
+    /// Models whose optimum the reference search proved.
+    optimum_known: usize,
+    /// Plan over the proven optimum (median, worst), where known.
+    over_optimum_median: Option<f64>,
+    over_optimum_max: Option<f64>,
 }
 
-/// The median of timings that clap's `--repeats 1..` and `--seeds 1..` keep non-empty.
-fn median(xs: Vec<f64>) -> f64 {
-    mosaic_kit::stats::median(&xs).expect("at least one repeat and one model")
+/// The median of a list clap's `1..` ranges keep non-empty.
+fn median(xs: &[f64]) -> f64 {
+    mosaic_kit::stats::median(xs).expect("at least one repeat and one model")
 }
 
-/// Solves every model `repeats` times with each search and summarises.
-fn measure(case: String, models: &[PerfModel], gpus: u32, args: &Args) -> Row {
-    let budget = Duration::from_millis(args.time_budget);
-    let mut gahc_ms = Vec::new();
-    let mut exact_ms = Vec::new();
-    let mut ratios = Vec::new();
-    let mut exact_done = true;
+fn max(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// Plans every model and summarises.
+fn measure(generator: &str, models: &[PerfModel], gpus: u32, args: &Args) -> Result<Row> {
+    let opts = SolveOptions {
+        search: Search::Auto,
+        budget: Duration::from_millis(args.time_budget),
+    };
+    let (mut times, mut gaps, mut over) = (Vec::new(), Vec::new(), Vec::new());
+    let mut optimal = 0;
     for model in models {
-        let mut gahc_it = f64::NAN;
+        let mut runs = Vec::new();
+        let mut plan: Option<Plan> = None;
         for _ in 0..args.repeats {
             let t = Instant::now();
-            let plan = solve(
-                model,
-                gpus,
-                &SolveOptions {
-                    search: Search::Gahc,
-                    budget,
-                },
-            )
-            .expect("benchmark models are placeable");
-            gahc_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            gahc_it = plan.iteration_ms;
+            plan = Some(solve(model, gpus, &opts)?);
+            runs.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        for _ in 0..args.repeats {
-            let t = Instant::now();
-            match solve(
+        let plan = plan.expect("at least one repeat");
+        times.push(median(&runs));
+        let bound = plan.lower_bound_ms.unwrap_or(0.0);
+        gaps.push(if bound > 0.0 {
+            plan.iteration_ms / bound - 1.0
+        } else {
+            f64::INFINITY
+        });
+        optimal += usize::from(plan.optimal);
+        if args.reference_budget > 0 && model.modules.len() <= 16 && gpus <= 32 {
+            let reference = solve(
                 model,
                 gpus,
                 &SolveOptions {
                     search: Search::Exact,
-                    budget,
+                    budget: Duration::from_millis(args.reference_budget),
                 },
-            ) {
-                Ok(plan) => {
-                    exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                    ratios.push(gahc_it / plan.iteration_ms);
-                }
-                Err(_) => {
-                    exact_done = false;
-                    break;
-                }
+            )?;
+            if reference.optimal {
+                over.push(plan.iteration_ms / reference.iteration_ms);
             }
         }
     }
-    let done = exact_done && !exact_ms.is_empty();
-    Row {
-        case,
+    Ok(Row {
+        generator: generator.to_string(),
         modules: models[0].modules.len(),
         gpus,
-        gahc_median_ms: median(gahc_ms),
-        exact_median_ms: done.then(|| median(exact_ms)),
-        gahc_over_exact: done.then(|| median(ratios.clone())),
-        gahc_over_exact_max: done.then(|| ratios.iter().copied().fold(1.0, f64::max)),
-    }
+        interference: models[0].interference != Interference::default(),
+        models: models.len(),
+        solve_median_ms: median(&times),
+        solve_max_ms: max(&times),
+        gap_median: median(&gaps),
+        gap_max: max(&gaps),
+        optimal,
+        optimum_known: over.len(),
+        over_optimum_median: (!over.is_empty()).then(|| median(&over)),
+        over_optimum_max: (!over.is_empty()).then(|| max(&over)),
+    })
 }
+
+/// The grid's generators: the planner's own random DAGs and the zoo-shaped ones.
+type Generator = fn(u64, usize, u32) -> ProfileFile;
+const GENERATORS: [(&str, Generator); 2] = [
+    ("random", random_profiles),
+    ("zoo-shaped", zoo_shaped_profiles),
+];
 
 /// Runs `mosaic bench`.
 pub fn run(args: Args) -> Result<()> {
     let mut rows = Vec::new();
-    for partitioned in [false, true] {
-        for (modules, gpus) in [(10usize, 8u32), (20, 32)] {
-            let models: Vec<PerfModel> = (0..args.seeds)
-                .map(|seed| {
-                    let mut file = random_profiles(seed, modules, gpus);
-                    if partitioned {
-                        sm_partitioned(&mut file);
-                    }
-                    PerfModel::new(&file, 0.1, "synthetic").expect("synthetic profiles are valid")
-                })
-                .collect();
-            let case = match partitioned {
-                false => format!("random DAGs ×{}", args.seeds),
-                true => "… on SM partitions".to_string(),
-            };
-            rows.push(measure(case, &models, gpus, &args));
+    for (name, generate) in GENERATORS {
+        for &modules in &args.modules {
+            for &gpus in &args.gpus {
+                for interference in [true, false] {
+                    let models = (0..args.seeds)
+                        .map(|seed| {
+                            let mut file = generate(seed, modules, gpus);
+                            if interference {
+                                // Issue 13's coefficients, the same for both generators.
+                                file.interference = Interference {
+                                    e1: 0.02,
+                                    e2: 0.05,
+                                    e3: 0.3,
+                                };
+                            } else {
+                                file.interference = Interference::default();
+                            }
+                            PerfModel::new(&file, 0.1, name)
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    rows.push(measure(name, &models, gpus, &args)?);
+                }
+            }
         }
     }
     for spec in mosaic_zoo::models() {
         for cluster in ["h100x8", "h100x32"] {
             let cluster = mosaic_zoo::cluster(cluster)?;
-            let file = mosaic_zoo::profile(&spec, &cluster);
-            let model = PerfModel::new(&file, 0.1, &spec.name)?;
-            rows.push(measure(spec.name.clone(), &[model], cluster.gpus(), &args));
+            let model = PerfModel::new(&mosaic_zoo::profile(&spec, &cluster), 0.1, &spec.name)?;
+            rows.push(measure(&spec.name, &[model], cluster.gpus(), &args)?);
         }
     }
     let stage_rows = stage_eval_rows(&args)?;
@@ -137,20 +180,31 @@ pub fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<20} {:>7} {:>4} {:>13} {:>14} {:>12} {:>12}",
-        "case", "modules", "gpus", "gahc med ms", "exact med ms", "gahc/exact", "worst"
+        "{:<12} {:>7} {:>5} {:>6} {:>16} {:>17} {:>8} {:>18}",
+        "generator",
+        "modules",
+        "gpus",
+        "interf",
+        "solve ms med/max",
+        "gap % med/max",
+        "optimal",
+        "/optimum med/max"
     );
-    let opt = |x: Option<f64>, p: usize| x.map_or("timeout".to_string(), |v| format!("{v:.p$}"));
-    for r in rows {
+    for r in &rows {
+        let over = match (r.over_optimum_median, r.over_optimum_max) {
+            (Some(m), Some(x)) => format!("{m:.3}/{x:.3} ({})", r.optimum_known),
+            _ => "-".to_string(),
+        };
         println!(
-            "{:<20} {:>7} {:>4} {:>13.2} {:>14} {:>12} {:>12}",
-            r.case,
+            "{:<12} {:>7} {:>5} {:>6} {:>16} {:>17} {:>8} {:>18}",
+            r.generator,
             r.modules,
             r.gpus,
-            r.gahc_median_ms,
-            opt(r.exact_median_ms, 2),
-            opt(r.gahc_over_exact, 4),
-            opt(r.gahc_over_exact_max, 4)
+            if r.interference { "on" } else { "off" },
+            format!("{:.1}/{:.1}", r.solve_median_ms, r.solve_max_ms),
+            format!("{:.1}/{:.1}", 100.0 * r.gap_median, 100.0 * r.gap_max),
+            format!("{}/{}", r.optimal, r.models),
+            over
         );
     }
     println!(
@@ -164,17 +218,6 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Puts a synthetic profile on a device with SM partitions, to time the planner in SM units:
-/// 100 SMs (the synthetic deciles are whole SM counts) in partitions of 8 as on Hopper, so the
-/// quotas are 16, 24, …, 96 SMs shared and 100 alone instead of the 10 deciles.
-fn sm_partitioned(file: &mut mosaic_profile::ProfileFile) {
-    file.device.sm_count = 100;
-    file.device.partition = Some(mosaic_profile::SmGranularity {
-        min_sms: 8,
-        step_sms: 8,
-    });
 }
 
 /// One StageEval timing.
@@ -217,7 +260,7 @@ fn stage_eval_rows(args: &Args) -> Result<Vec<StageRow>> {
                 case: format!("{name}: its {} source modules", sources.len()),
                 modules: sources.len(),
                 gpus: cluster.gpus(),
-                median_ms: median(times),
+                median_ms: median(&times),
             });
         }
     }

@@ -14,11 +14,12 @@ use crate::render;
 pub struct Args {
     #[command(flatten)]
     source: Source,
-    /// Stage search: the paper's GAHC, the exact down-set search, or exact when it finishes
-    /// within --time-budget and GAHC otherwise.
+    /// Stage search: the paper's GAHC alone; or GAHC, local moves, then the exact search
+    /// until it proves the optimum (`exact`), or only where it may finish (`auto`).
     #[arg(long, value_enum, default_value_t = SearchArg::Auto)]
     search: SearchArg,
-    /// Milliseconds the exact search may take.
+    /// Deadline in milliseconds: the plan returned is the best found by then, with what was
+    /// proven about it (optimal, or within x % of a lower bound).
     #[arg(long, default_value_t = 2000)]
     time_budget: u64,
     /// Print the plan as mosaic-plan/1 JSON instead of a table.
@@ -39,6 +40,9 @@ enum SearchArg {
 
 /// Runs `mosaic plan`.
 pub fn run(args: Args) -> Result<()> {
+    if let Some(out) = &args.out {
+        crate::input::check_output("--out", out)?;
+    }
     let input = args.source.load()?;
     let search = match args.search {
         SearchArg::Gahc => Search::Gahc,
@@ -69,10 +73,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         print!("{json}");
     } else {
-        print!(
-            "{}",
-            render::plan_table(&plan, &input.label, matches!(args.search, SearchArg::Auto))
-        );
+        print!("{}", render::plan_table(&plan, &input.label));
     }
     Ok(())
 }

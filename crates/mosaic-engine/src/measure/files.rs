@@ -31,6 +31,7 @@ pub fn profile_file(p: &EngineProfile) -> ProfileFile {
             // CPU slots are thread pools: no SM partitions.
             partition: None,
         },
+        nodes: None,
         modules: p
             .modules
             .iter()
@@ -48,6 +49,8 @@ pub fn profile_file(p: &EngineProfile) -> ProfileFile {
                         bw_util: round6(s.bw_util),
                     })
                     .collect(),
+                // Measured on one machine: no gradient all-reduce across nodes to charge.
+                grad_gib: None,
             })
             .collect(),
         interference: Interference::default(),
