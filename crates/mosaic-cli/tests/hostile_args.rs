@@ -374,6 +374,21 @@ fn plan_refuses_hostile_arguments() {
     }
     c.refuse("plan --model='' --cluster h100x8", "model \"\"");
     c.inputs("plan --gpus 8", "--profiles", &f);
+    if Path::new("/dev/zero").exists() {
+        // An endless file is refused as not a regular file, not read until memory runs out.
+        c.refuse("plan --gpus 2 --profiles /dev/zero", "/dev/zero");
+        c.refuse(
+            &format!(
+                "fit --profiles {} --colocations /dev/zero",
+                examples("h100-clip-profile.json")
+            ),
+            "/dev/zero",
+        );
+        c.refuse(
+            "simulate --plan /dev/zero --model clip --cluster h100x8",
+            "/dev/zero",
+        );
+    }
     c.outputs(zoo, "--out", &f);
     c.check(&f);
 }
@@ -553,6 +568,9 @@ fn train_and_data_refuse_hostile_arguments() {
     let mut c = Cases::default();
     let train = "train --model clip-tiny --steps 1";
     c.accept(train);
+    if Path::new("/dev/zero").exists() {
+        c.refuse(&format!("{train} --data /dev/zero"), "/dev/zero");
+    }
     // 0 steps: nothing to do, and it says so.
     c.numbers("train --model clip-tiny", "--steps", &["0"]);
     c.numbers(train, "--batch", &[]);

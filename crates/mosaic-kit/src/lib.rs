@@ -1,7 +1,8 @@
 //! Small pieces every step of the pipeline shares, so that the planner, the simulator, the fit,
 //! the engine and the command line do not each carry their own copy: a seeded random
-//! generator whose sequences never change ([`rng`]), robust statistics ([`stats`]) and a
-//! writer of standalone SVG documents ([`svg`]). It depends on nothing but the standard
+//! generator whose sequences never change ([`rng`]), robust statistics ([`stats`]), a
+//! writer of standalone SVG documents ([`svg`]) and guarded reading of users' files
+//! ([`files`]). It depends on nothing but the standard
 //! library.
 //!
 //! ```
@@ -29,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod files;
 pub mod rng;
 pub mod stats;
 pub mod svg;

@@ -17,10 +17,13 @@ use crate::plan::{Plan, PlanModule, PLAN_FORMAT};
 /// Reads and parses a `mosaic-plan/1` file; errors name the file and the field.
 pub fn load_plan(path: impl AsRef<Path>) -> Result<Plan, PlanFileError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|error| PlanFileError::Io {
-        file: path.to_path_buf(),
-        error,
-    })?;
+    let text =
+        mosaic_kit::files::read_text(path, mosaic_kit::files::MAX_TEXT_BYTES).map_err(|error| {
+            PlanFileError::Io {
+                file: path.to_path_buf(),
+                error,
+            }
+        })?;
     parse_plan(&text, path)
 }
 

@@ -55,10 +55,7 @@ pub struct ColocatedModule {
 /// Reads and validates the colocations file at `path`.
 pub fn load_colocations(path: impl AsRef<Path>) -> Result<ColocationFile, ProfileError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
-        file: path.to_path_buf(),
-        source,
-    })?;
+    let text = ProfileError::read(path)?;
     parse_colocations(&text, path)
 }
 

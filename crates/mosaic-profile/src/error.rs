@@ -6,12 +6,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     /// The file could not be read at all.
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read: {error}")]
     Io {
         /// The file.
         file: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a separate cause, so it is printed once).
+        error: std::io::Error,
     },
     /// The JSON is malformed, a field is missing or has the wrong type.
     #[error("{file}: field `{field}`: {message}")]
@@ -46,6 +46,17 @@ impl ProfileError {
             field: field.into(),
             message: message.into(),
         }
+    }
+
+    /// The text of the file at `path`: a regular file of at most
+    /// [`mosaic_kit::files::MAX_TEXT_BYTES`].
+    pub(crate) fn read(path: &std::path::Path) -> Result<String, ProfileError> {
+        mosaic_kit::files::read_text(path, mosaic_kit::files::MAX_TEXT_BYTES).map_err(|error| {
+            ProfileError::Io {
+                file: path.to_path_buf(),
+                error,
+            }
+        })
     }
 
     /// The field the error is about, if any.

@@ -11,10 +11,7 @@ use crate::partition::{quota_to_sms, SM_QUOTA_TOLERANCE};
 /// Reads and validates the profile file at `path`.
 pub fn load(path: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
-        file: path.to_path_buf(),
-        source,
-    })?;
+    let text = ProfileError::read(path)?;
     parse(&text, path)
 }
 

@@ -106,6 +106,8 @@ impl TensorFile {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
+        // Only a regular file: a device such as /dev/zero would be read until memory runs out.
+        mosaic_kit::files::regular_file(path).map_err(|e| bad("(file)", e.to_string()))?;
         let mut found = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
             let message = match e {
                 candle_core::Error::Io(io) => io.to_string(),
