@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::error::ProfileError;
 use crate::format::{Device, Interference, Nodes, ProfileFile};
-use crate::validate::whole_sms;
+use crate::partition::whole_sms;
 
 /// Most modules a model may have: module sets are 64-bit masks.
 pub const MAX_MODULES: usize = 64;
@@ -203,7 +203,7 @@ impl PerfModel {
             let mut samples = m.samples.clone();
             if p.device.partition.is_some() {
                 for (k, s) in samples.iter_mut().enumerate() {
-                    let sms = whole_sms(s.sm, &p.device, file, || {
+                    let sms = whole_sms(s.sm, p.device.sm_count, file, || {
                         format!("modules[{i}].samples[{k}].sm")
                     })?;
                     s.sm = sms as f64 / units as f64;

@@ -9,7 +9,11 @@
 //! a module alone on its GPU. The engine's slot of a quota gets [`sms_for`] it, and the
 //! modules of a stage, which run at the same time, get disjoint SMs by [`partition_sms`].
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
+
+use crate::error::ProfileError;
 
 /// How far (as a fraction of the GPU) a quota may lie from a whole number of SMs and still be
 /// read as that SM count: files write quotas such as 16/132 as `0.1212`.
@@ -149,6 +153,28 @@ pub fn partition_sms(
         }
     }
     Ok(sms)
+}
+
+/// The whole number of SMs quota `sm` stands for on a device of `sm_count` SMs (within
+/// [`SM_QUOTA_TOLERANCE`]), or an error on `field` saying what it is instead.
+pub(crate) fn whole_sms(
+    sm: f64,
+    sm_count: u32,
+    file: &Path,
+    field: impl FnOnce() -> String,
+) -> Result<u32, ProfileError> {
+    quota_to_sms(sm, sm_count).ok_or_else(|| {
+        ProfileError::invalid(
+            file,
+            field(),
+            format!(
+                "the device has a partition rule, so quotas are whole SM counts over its {n} SMs \
+                 (k/{n}, within {SM_QUOTA_TOLERANCE}); {sm} is {:.3} SMs",
+                sm * sm_count as f64,
+                n = sm_count
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::ProfileError;
 use crate::format::{Device, Interference, ModuleProfile, Nodes, ProfileFile, Sample, FORMAT};
 use crate::model::MAX_MODULES;
-use crate::partition::{quota_to_sms, SM_QUOTA_TOLERANCE};
+use crate::partition::whole_sms;
 
 /// Reads and validates the profile file at `path`.
 pub fn load(path: impl AsRef<Path>) -> Result<ProfileFile, ProfileError> {
@@ -266,7 +266,9 @@ fn check_samples(i: usize, m: &ModuleProfile, d: &Device, file: &Path) -> Result
     for (k, s) in m.samples.iter().enumerate() {
         check_sample_ranges(s, file, |name| format!("modules[{i}].samples[{k}].{name}"))?;
         let point = match d.partition {
-            Some(_) => whole_sms(s.sm, d, file, || format!("modules[{i}].samples[{k}].sm"))? as i64,
+            Some(_) => whole_sms(s.sm, d.sm_count, file, || {
+                format!("modules[{i}].samples[{k}].sm")
+            })? as i64,
             None => (s.sm * 1e6).round() as i64,
         };
         check(
@@ -277,28 +279,6 @@ fn check_samples(i: usize, m: &ModuleProfile, d: &Device, file: &Path) -> Result
         )?;
     }
     Ok(())
-}
-
-/// The whole number of SMs quota `sm` stands for on device `d` (within
-/// [`SM_QUOTA_TOLERANCE`]), or an error on `field` saying what it is instead.
-pub(crate) fn whole_sms(
-    sm: f64,
-    d: &Device,
-    file: &Path,
-    field: impl FnOnce() -> String,
-) -> Result<u32, ProfileError> {
-    quota_to_sms(sm, d.sm_count).ok_or_else(|| {
-        ProfileError::invalid(
-            file,
-            field(),
-            format!(
-                "the device has a partition rule, so quotas are whole SM counts over its {n} SMs \
-                 (k/{n}, within {SM_QUOTA_TOLERANCE}); {sm} is {:.3} SMs",
-                sm * d.sm_count as f64,
-                n = d.sm_count
-            ),
-        )
-    })
 }
 
 /// Checks each field of one sample against its range; `f` names a field in errors.
