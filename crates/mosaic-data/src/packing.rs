@@ -1,0 +1,168 @@
+//! FlowTrain's dynamic packing scheduler (FlowTrain §3.4, Algorithm 1).
+
+use std::cmp::Reverse;
+
+/// The largest microbatch capacity [`pack`] accepts: its segment tree is indexed by residual
+/// capacity, so it takes O(capacity) memory (12 bytes per token of capacity, ~50 MB here).
+/// FlowTrain packs to at most 32K tokens (§4.7).
+pub const MAX_CAPACITY: u32 = 1 << 22;
+
+/// Why [`pack`] refused its input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    /// A microbatch that holds no tokens cannot hold any sequence.
+    #[error("microbatch capacity must be positive")]
+    ZeroCapacity,
+    /// The residual-indexed segment tree would be too large.
+    #[error("microbatch capacity {capacity} exceeds the supported maximum {MAX_CAPACITY}")]
+    CapacityTooLarge { capacity: u32 },
+    /// Sequence `index` fits in no microbatch (FlowTrain does not split sequences).
+    #[error("sequence {index} has {length} tokens, more than the capacity {capacity}")]
+    TooLong {
+        index: usize,
+        length: u32,
+        capacity: u32,
+    },
+}
+
+/// Marks an empty leaf or the end of a bucket's list.
+const NONE: u32 = u32::MAX;
+
+/// FlowTrain's segment tree (Algorithm 1, line 1) over residual capacities `0..=capacity`:
+/// leaf `r` is present when some open microbatch has residual `r`, and every node stores
+/// the largest present residual below it. Open microbatches with equal residual are kept
+/// in an intrusive stack per leaf (`head`/`next`).
+struct ResidualTree {
+    size: usize,
+    max: Vec<u32>,
+    head: Vec<u32>,
+    next: Vec<u32>,
+}
+
+impl ResidualTree {
+    fn new(capacity: u32) -> Self {
+        let size = (capacity as usize + 1).next_power_of_two();
+        ResidualTree {
+            size,
+            max: vec![NONE; 2 * size],
+            head: vec![NONE; size],
+            next: Vec::new(),
+        }
+    }
+
+    /// Sets leaf `r` present or absent and refreshes the maxima above it.
+    fn update(&mut self, r: u32, present: bool) {
+        let mut node = self.size + r as usize;
+        self.max[node] = if present { r } else { NONE };
+        while node > 1 {
+            node /= 2;
+            let (a, b) = (self.max[2 * node], self.max[2 * node + 1]);
+            self.max[node] = if b != NONE { b } else { a };
+        }
+    }
+
+    fn push(&mut self, r: u32, batch: usize) {
+        self.next.resize(self.next.len().max(batch + 1), NONE);
+        self.next[batch] = self.head[r as usize];
+        if self.head[r as usize] == NONE {
+            self.update(r, true);
+        }
+        self.head[r as usize] = batch as u32;
+    }
+
+    /// Best fit (lines 2–3): removes and returns an open microbatch with the smallest residual
+    /// `≥ length`, by descending left whenever the left subtree's maximum is large enough.
+    fn take_best_fit(&mut self, length: u32) -> Option<(usize, u32)> {
+        if self.max[1] == NONE || self.max[1] < length {
+            return None;
+        }
+        let mut node = 1;
+        while node < self.size {
+            let left = self.max[2 * node];
+            node = if left != NONE && left >= length {
+                2 * node
+            } else {
+                2 * node + 1
+            };
+        }
+        let r = (node - self.size) as u32;
+        let batch = self.head[r as usize];
+        self.head[r as usize] = self.next[batch as usize];
+        if self.head[r as usize] == NONE {
+            self.update(r, false);
+        }
+        Some((batch as usize, r))
+    }
+}
+
+/// Packs sequences of `lengths` tokens into microbatches of at most `capacity` tokens by
+/// FlowTrain's segment-tree best fit (§3.4, Algorithm 1, lines 1–11), longest sequence
+/// first, in O(n log n + n log capacity) time. Each sequence goes to the open microbatch with
+/// the least residual capacity that still holds it, or opens a new one; a microbatch leaves
+/// the tree once its residual falls below the shortest sequence. Returns, per microbatch in
+/// order of opening, the indices of its sequences; ties keep input order, so the result is
+/// deterministic.
+pub fn pack(lengths: &[u32], capacity: u32) -> Result<Vec<Vec<usize>>, PackError> {
+    if capacity == 0 {
+        return Err(PackError::ZeroCapacity);
+    }
+    if capacity > MAX_CAPACITY {
+        return Err(PackError::CapacityTooLarge { capacity });
+    }
+    if let Some((index, &length)) = lengths.iter().enumerate().find(|(_, &l)| l > capacity) {
+        return Err(PackError::TooLong {
+            index,
+            length,
+            capacity,
+        });
+    }
+    let shortest = lengths.iter().copied().min().unwrap_or(0);
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| Reverse(lengths[i]));
+
+    let mut tree = ResidualTree::new(capacity);
+    let mut batches: Vec<Vec<usize>> = Vec::new();
+    for i in order {
+        let length = lengths[i];
+        let (batch, residual) = tree.take_best_fit(length).unwrap_or_else(|| {
+            batches.push(Vec::new()); // lines 7–9: open a new microbatch
+            (batches.len() - 1, capacity)
+        });
+        batches[batch].push(i); // lines 4–6
+        let residual = residual - length;
+        if residual >= shortest {
+            tree.push(residual, batch); // else it leaves the tree (lines 10–11)
+        }
+    }
+    Ok(batches)
+}
+
+/// FlowTrain's execution-cost model of a packed microbatch (§3.4, Eq. 3): `α·Σ lᵢ² + β·Σ lᵢ`,
+/// the quadratic attention term plus the linear MLP term over its sequences' lengths.
+/// FlowTrain normalises lengths by the microbatch capacity; fold that into `alpha`/`beta`.
+pub fn cost(lengths: impl IntoIterator<Item = u32>, alpha: f64, beta: f64) -> f64 {
+    lengths
+        .into_iter()
+        .map(f64::from)
+        .map(|l| alpha * l * l + beta * l)
+        .sum()
+}
+
+/// FlowTrain's zig-zag dispatch (§3.4, Algorithm 1, lines 15–27): microbatches sorted by
+/// `costs` descending are dealt to DP ranks `0, 1, …, r−1`, then `r−1, …, 0`, and so on, so
+/// expensive and cheap microbatches pair up on each rank. Returns the microbatch indices of
+/// each rank. For non-negative costs the rank loads differ by at most the largest cost.
+///
+/// # Panics
+/// If `ranks` is 0.
+pub fn zigzag(costs: &[f64], ranks: usize) -> Vec<Vec<usize>> {
+    assert!(ranks > 0, "zigzag over 0 ranks");
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
+    let mut out = vec![Vec::new(); ranks];
+    for (k, batch) in order.into_iter().enumerate() {
+        let (round, pos) = (k / ranks, k % ranks);
+        out[if round % 2 == 0 { pos } else { ranks - 1 - pos }].push(batch);
+    }
+    out
+}
