@@ -96,20 +96,13 @@ pub fn plan_table(plan: &Plan, label: &str) -> String {
 
 /// Quotas per GPU, runs of equal ones written once with their length: `1.0 0.6×3 0.0`.
 fn quota_runs(quotas: &[f64]) -> String {
+    let shown: Vec<String> = quotas.iter().map(|q| format!("{q:.1}")).collect();
     let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < quotas.len() {
-        let q = format!("{:.1}", quotas[i]);
-        let mut j = i + 1;
-        while j < quotas.len() && format!("{:.1}", quotas[j]) == q {
-            j += 1;
-        }
-        out.push(if j - i == 1 {
-            q
-        } else {
-            format!("{q}×{}", j - i)
+    for run in shown.chunk_by(|a, b| a == b) {
+        out.push(match run.len() {
+            1 => run[0].clone(),
+            n => format!("{}×{n}", run[0]),
         });
-        i = j;
     }
     out.join(" ")
 }

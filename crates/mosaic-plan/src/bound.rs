@@ -25,6 +25,8 @@
 //! term for the fast candidates a short plan forces, where the plain area bound takes every
 //! module at its most frugal (and often slowest) candidate.
 
+use std::collections::HashMap;
+
 use mosaic_profile::{ModuleSet, PerfModel};
 
 use crate::Problem;
@@ -45,6 +47,8 @@ pub(crate) struct LowerBound<'m> {
     weight: Vec<Vec<f64>>,
     /// Per module, the modules consuming its output.
     children: Vec<Vec<usize>>,
+    /// The bound of each down-set asked for so far.
+    memo: HashMap<u64, f64>,
 }
 
 impl<'m> LowerBound<'m> {
@@ -106,11 +110,23 @@ impl<'m> LowerBound<'m> {
             area,
             weight,
             children,
+            memo: HashMap::new(),
         }
     }
 
-    /// A lower bound on the time the modules outside `done` (a down-set) still take.
-    pub(crate) fn of(&self, done: ModuleSet) -> f64 {
+    /// A lower bound on the time the modules outside `done` (a down-set) still take,
+    /// computed once per down-set.
+    pub(crate) fn of(&mut self, done: ModuleSet) -> f64 {
+        if let Some(&h) = self.memo.get(&done.0) {
+            return h;
+        }
+        let h = self.compute(done);
+        self.memo.insert(done.0, h);
+        h
+    }
+
+    /// [`LowerBound::of`], computed.
+    fn compute(&self, done: ModuleSet) -> f64 {
         let rest = self.all.minus(done);
         let area: f64 = rest.iter().map(|m| self.area[m]).sum();
         let mut chain = vec![0.0f64; self.model.modules.len()];

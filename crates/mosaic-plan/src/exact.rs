@@ -58,7 +58,7 @@ pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
     while let Some(Open(f, done_bits)) = search.open.pop() {
         let done = ModuleSet(done_bits);
         let g = search.best[&done_bits].0;
-        if f - search.h_cache[&done_bits] > g + 1e-9 * g.max(1.0) {
+        if f - search.h.of(done) > g + 1e-9 * g.max(1.0) {
             continue; // stale heap entry
         }
         if done == search.h.all {
@@ -111,8 +111,6 @@ struct Search<'c, 'p> {
     upper: f64,
     deadline: Instant,
     best: Best,
-    /// h of each down-set seen.
-    h_cache: HashMap<u64, f64>,
     open: BinaryHeap<Open>,
     /// Stages tried, to check the deadline every 64.
     ticks: u32,
@@ -121,12 +119,10 @@ struct Search<'c, 'p> {
 impl<'c, 'p> Search<'c, 'p> {
     /// A search from the empty down-set, the only open entry.
     fn new(cache: &'c mut StageCache<'p>, upper: f64, deadline: Instant) -> Self {
-        let h = LowerBound::new(cache.problem());
+        let mut h = LowerBound::new(cache.problem());
         let mut best = Best::new();
-        let mut h_cache = HashMap::new();
         best.insert(0, (0.0, 0, None));
         let h0 = h.of(ModuleSet::EMPTY);
-        h_cache.insert(0, h0);
         let mut open = BinaryHeap::new();
         open.push(Open(h0, 0));
         Search {
@@ -135,7 +131,6 @@ impl<'c, 'p> Search<'c, 'p> {
             upper,
             deadline,
             best,
-            h_cache,
             open,
             ticks: 0,
         }
@@ -171,10 +166,7 @@ impl<'c, 'p> Search<'c, 'p> {
     /// target and beat `upper`; records and opens the target if it does.
     fn step(&mut self, done: ModuleSet, g: f64, stage: ModuleSet) {
         let next = done.union(stage);
-        let h = *self
-            .h_cache
-            .entry(next.0)
-            .or_insert_with(|| self.h.of(next));
+        let h = self.h.of(next);
         let known = self.best.get(&next.0).map_or(f64::INFINITY, |b| b.0);
         let cutoff = known.min(self.upper - h) - g;
         let floor = stage.iter().map(|m| self.h.min_time[m]).fold(0.0, f64::max);

@@ -108,6 +108,9 @@ fn best_move(
             stage_of[m] = i;
         }
     }
+    let windows: Vec<(usize, usize)> = (0..n)
+        .map(|m| window(model, &stage_of, stages.len(), m))
+        .collect();
     let mut best: Option<(f64, Change)> = None;
     let gain_so_far = |best: &Option<(f64, Change)>| best.as_ref().map_or(0.0, |b| b.0);
     // Moves of one module.
@@ -120,7 +123,7 @@ fn best_move(
         let Some((t_rest, rest)) = time_of(cache, stages[from].set.minus(single)) else {
             continue;
         };
-        let (lo, hi) = window(model, &stage_of, stages.len(), m);
+        let (lo, hi) = windows[m];
         let old_from = stages[from].time_ms;
         if rest.is_some() {
             // Out to a stage of its own.
@@ -182,8 +185,7 @@ fn best_move(
             if a >= b || Instant::now() >= deadline {
                 continue;
             }
-            let (lo_x, hi_x) = window(model, &stage_of, stages.len(), x);
-            let (lo_y, hi_y) = window(model, &stage_of, stages.len(), y);
+            let ((lo_x, hi_x), (lo_y, hi_y)) = (windows[x], windows[y]);
             if !(lo_x..=hi_x).contains(&b) || !(lo_y..=hi_y).contains(&a) {
                 continue;
             }

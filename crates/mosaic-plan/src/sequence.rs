@@ -12,7 +12,6 @@
 //!
 //! The plan it starts from is one cut of its own order, so the result is never worse.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -35,7 +34,6 @@ pub fn improve(
     let mut cutter = Cutter {
         model,
         h: LowerBound::new(problem),
-        h_cache: HashMap::new(),
         deadline,
     };
     let mut best_total: f64 = stages.iter().map(|s| s.time_ms).sum();
@@ -98,18 +96,12 @@ fn window(model: &PerfModel, order: &[usize], p: usize) -> (usize, usize) {
 /// Cuts orders into stages optimally.
 struct Cutter<'m> {
     model: &'m PerfModel,
+    /// The admissible bound on what the modules outside a prefix add.
     h: LowerBound<'m>,
-    h_cache: HashMap<u64, f64>,
     deadline: Instant,
 }
 
 impl Cutter<'_> {
-    /// The admissible bound on what the modules outside `done` add.
-    fn h(&mut self, done: ModuleSet) -> f64 {
-        let h = &self.h;
-        *self.h_cache.entry(done.0).or_insert_with(|| h.of(done))
-    }
-
     /// The best cut of `order` into stages of consecutive modules with no dependency inside a
     /// stage, if it is strictly faster than `upper`: its time and its stages.
     fn cut(
@@ -135,7 +127,7 @@ impl Cutter<'_> {
                 start = i + 1;
             }
             prefix = prefix.union(ModuleSet::single(m));
-            let rest = self.h(prefix);
+            let rest = self.h.of(prefix);
             let mut stage = ModuleSet::EMPTY;
             for i in (start..j).rev() {
                 stage = stage.union(ModuleSet::single(order[i]));

@@ -333,14 +333,7 @@ impl<'p> Search<'p> {
         let mut sol = Solution::new();
         for (pos, idx) in picks {
             let c = self.cand(pos, idx);
-            let mut fit = eligible(&classes, c);
-            fit.sort_by_key(|&k| {
-                (
-                    classes[k].mask.count_ones(),
-                    std::cmp::Reverse(classes[k].free_units),
-                    classes[k].mask,
-                )
-            });
+            let fit = eligible(&classes, c);
             let split = fill(&classes, &fit, c.dp)?;
             let parts = apply(&mut classes, &split, pos, c);
             sol.push((pos, idx, parts));
@@ -406,7 +399,7 @@ impl<'p> Search<'p> {
     /// Tries the splits of candidate `idx` of position `pos` over the classes with room: all
     /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
-        let mut fit = eligible(&self.classes, c);
+        let fit = eligible(&self.classes, c);
         if fit
             .iter()
             .map(|&k| self.classes[k].count as u64)
@@ -415,15 +408,6 @@ impl<'p> Search<'p> {
         {
             return;
         }
-        // Emptier GPUs first: less interference, so good incumbents come early.
-        let classes = &self.classes;
-        fit.sort_by_key(|&k| {
-            (
-                classes[k].mask.count_ones(),
-                std::cmp::Reverse(classes[k].free_units),
-                classes[k].mask,
-            )
-        });
         let counts: Vec<u32> = fit.iter().map(|&k| self.classes[k].count).collect();
         if splits(&counts, c.dp, self.limits.splits) <= self.limits.splits {
             let mut split = Vec::with_capacity(fit.len());
@@ -565,11 +549,20 @@ impl<'p> Search<'p> {
     }
 }
 
-/// The classes with a GPU that has room for one replica of `c`.
+/// The classes with a GPU that has room for one replica of `c`, emptiest first (fewest hosted
+/// modules, then most free quota): less interference, so good incumbents come early.
 fn eligible(classes: &[Class], c: &Candidate) -> Vec<usize> {
-    (0..classes.len())
+    let mut fit: Vec<usize> = (0..classes.len())
         .filter(|&k| classes[k].free_units >= c.units && classes[k].free_mem + MEM_EPS >= c.mem_gib)
-        .collect()
+        .collect();
+    fit.sort_by_key(|&k| {
+        (
+            classes[k].mask.count_ones(),
+            std::cmp::Reverse(classes[k].free_units),
+            classes[k].mask,
+        )
+    });
+    fit
 }
 
 /// Takes `dp` replicas from the classes `order` in that order, as many as each holds; `None`
