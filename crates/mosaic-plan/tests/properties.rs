@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use mosaic_plan::synthetic::random_profiles;
 use mosaic_plan::{
     exact, gahc, solve, stage_eval, Candidates, Plan, PlanError, Problem, Search, SolveOptions,
-    StageAlloc, StageCache,
+    StageAlloc, StageCache, HEURISTIC_LIMITS,
 };
 use mosaic_profile::{
     Device, Interference, ModuleProfile, ModuleSet, PerfModel, ProfileFile, Sample, SmGranularity,
@@ -853,9 +853,10 @@ proptest! {
         }
         prop_assert_eq!(best.lower_bound_ms, Some(best.iteration_ms));
 
-        // The same searches without rounding: GAHC, A* from scratch, and the oracle.
+        // The same searches without rounding: GAHC (on StageEval capped as `solve` caps it),
+        // A* from scratch, and the oracle.
         let problem = Problem::new(&model, gpus).unwrap();
-        let mut cache = StageCache::new(&problem);
+        let mut cache = StageCache::with_limits(&problem, HEURISTIC_LIMITS);
         let g = total_ms(&gahc(&mut cache, Instant::now() + EXACT_BUDGET).unwrap());
         let mut fresh = StageCache::new(&problem);
         let found = exact(&mut fresh, f64::INFINITY, Instant::now() + EXACT_BUDGET);
