@@ -210,8 +210,10 @@ impl Plan {
     }
 }
 
-/// The largest time a plan may state, in ms (about eleven days an iteration).
-const MAX_TIME_MS: f64 = 1e9;
+/// The largest time a plan may state, in ms (about 30,000 years an iteration): above what any
+/// valid profile plans to (64 stages of 10⁷ ms samples slowed by the largest interference stay
+/// below 5·10¹² ms), so every plan the planner writes reads back.
+const MAX_TIME_MS: f64 = 1e15;
 /// The largest memory a plan may state per GPU, in GiB.
 const MAX_MEM_GIB: f64 = 1e6;
 

@@ -110,10 +110,10 @@ fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
         "expected an SM count from 1 to 10,000",
     )?;
     check(
-        d.memory_gib.is_finite() && d.memory_gib > 0.0,
+        d.memory_gib.is_finite() && d.memory_gib > 0.0 && d.memory_gib <= MAX_MEMORY_GIB,
         file,
         || "device.memory_gib".into(),
-        "expected a positive, finite capacity in GiB",
+        &format!("expected a positive capacity in GiB, at most {MAX_MEMORY_GIB:e}"),
     )?;
     if let Some(g) = d.partition {
         check(
@@ -305,16 +305,16 @@ fn check_sample_ranges(
         "expected an SM quota in (0, 1]",
     )?;
     check(
-        s.time_ms.is_finite() && s.time_ms > 0.0,
+        s.time_ms.is_finite() && s.time_ms > 0.0 && s.time_ms <= MAX_SAMPLE_MS,
         file,
         || f("time_ms"),
-        "expected a positive, finite time",
+        &format!("expected a positive time in ms, at most {MAX_SAMPLE_MS:e}"),
     )?;
     check(
-        finite_in(s.mem_gib, 0.0, f64::MAX),
+        finite_in(s.mem_gib, 0.0, MAX_MEMORY_GIB),
         file,
         || f("mem_gib"),
-        "expected a non-negative, finite memory",
+        &format!("expected a non-negative memory in GiB, at most {MAX_MEMORY_GIB:e}"),
     )?;
     check(
         finite_in(s.sm_util, 0.0, 1.0),
@@ -330,14 +330,27 @@ fn check_sample_ranges(
     )
 }
 
-/// Checks that the interference coefficients are non-negative and finite.
+/// The longest time a sample may state, in ms (about 2.8 hours for one module's iteration).
+/// With [`MAX_INTERFERENCE`], 64 modules in 64 stages stay below 5·10¹² ms, within what a plan
+/// file holds.
+pub(crate) const MAX_SAMPLE_MS: f64 = 1e7;
+/// The largest interference coefficient: a slowdown of 100× per unit of bandwidth is far past
+/// any measured colocation (the zoo assumes e3 = 0.6).
+pub(crate) const MAX_INTERFERENCE: f64 = 100.0;
+/// The largest memory a sample or a device may state, in GiB (a plan file's limit).
+pub(crate) const MAX_MEMORY_GIB: f64 = 1e6;
+
+/// Checks that the interference coefficients are non-negative and at most [`MAX_INTERFERENCE`].
 fn check_interference(e: &Interference, file: &Path) -> Result<(), ProfileError> {
     for (name, v) in [("e1", e.e1), ("e2", e.e2), ("e3", e.e3)] {
         check(
-            finite_in(v, 0.0, f64::MAX),
+            finite_in(v, 0.0, MAX_INTERFERENCE),
             file,
             || format!("interference.{name}"),
-            "expected a non-negative, finite coefficient (colocation never speeds a module up)",
+            &format!(
+                "expected a non-negative coefficient (colocation never speeds a module up), at \
+                 most {MAX_INTERFERENCE}"
+            ),
         )?;
     }
     Ok(())
@@ -518,10 +531,12 @@ mod tests {
 
     #[test]
     fn other_ranges() {
-        let cases: [(&str, serde_json::Value); 5] = [
+        let cases: [(&str, serde_json::Value); 7] = [
             ("dp", 0.into()),
             ("time_ms", (-1.0).into()),
+            ("time_ms", 1.1e7.into()),
             ("mem_gib", (-2.0).into()),
+            ("mem_gib", 1e300.into()),
             ("bw_util", 1.2.into()),
             ("sm_util", (-0.5).into()),
         ];
@@ -530,12 +545,16 @@ mod tests {
             v["modules"][0]["samples"][1][name] = bad;
             assert_eq!(error_of(v).0, format!("modules[0].samples[1].{name}"));
         }
-        let mut v = valid();
-        v["interference"]["e2"] = (-0.1).into();
-        assert_eq!(error_of(v).0, "interference.e2");
-        let mut v = valid();
-        v["device"]["memory_gib"] = 0.0.into();
-        assert_eq!(error_of(v).0, "device.memory_gib");
+        for bad in [-0.1, 101.0, 1e300] {
+            let mut v = valid();
+            v["interference"]["e2"] = bad.into();
+            assert_eq!(error_of(v).0, "interference.e2");
+        }
+        for bad in [0.0, 2e6] {
+            let mut v = valid();
+            v["device"]["memory_gib"] = bad.into();
+            assert_eq!(error_of(v).0, "device.memory_gib");
+        }
     }
 
     #[test]

@@ -38,6 +38,7 @@ mod fitted;
 mod kernels;
 mod models;
 mod spec;
+mod token_cost;
 mod workload;
 
 pub use analytic::{profile, Calibration, Estimate};
@@ -47,3 +48,4 @@ pub use fitted::FreeConstant;
 pub use kernels::PLAIN_LAYER_KERNELS;
 pub use models::{model, models};
 pub use spec::{Extra, ModelSpec, ModuleSpec, PaperRow, Role};
+pub use token_cost::TokenCost;
