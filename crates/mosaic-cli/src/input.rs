@@ -156,3 +156,49 @@ pub fn create_output_dir(flag: &str, path: &Path) -> Result<(), BadInput> {
     std::fs::create_dir_all(path)
         .map_err(|e| BadInput(format!("{flag} {name}: cannot create the directory: {e}")))
 }
+
+/// The most samples a generated batch may hold: 10⁷, as the JSON Lines reader's limit.
+pub const MAX_SAMPLES: u64 = 10_000_000;
+
+/// Where a global batch of variable-size samples comes from (`mosaic data`, `mosaic compare`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Samples {
+    /// A global batch of your own: JSON Lines, one sample per line, e.g. `{"text_tokens":
+    /// 312, "images": [[336, 336]], "audio_seconds": 4.5}` (every field optional).
+    #[arg(long, value_name = "FILE", conflicts_with = "generate")]
+    pub samples: Option<PathBuf>,
+    /// A seeded synthetic global batch with a skewed size distribution: text (log-normal
+    /// lengths) or interleaved (text plus a geometric number of 256-token images).
+    #[arg(long, value_name = "DISTRIBUTION", value_parser = ["text", "interleaved"])]
+    pub generate: Option<String>,
+    /// Samples to generate (default: the global batch where known, else 1,024).
+    #[arg(long, requires = "generate",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SAMPLES))]
+    pub count: Option<u64>,
+    /// Seed of the generated sizes and of the batching policies' shuffles.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Samples {
+    /// The batch's per-sample sequence lengths and where they came from, or `None` when
+    /// neither `--samples` nor `--generate` was given.
+    pub fn load(&self, default_count: usize) -> Result<Option<(Vec<u32>, String)>> {
+        use mosaic_data::samples::{read_jsonl, token_counts, Tokenizer};
+        if let Some(path) = &self.samples {
+            let samples = read_jsonl(path)?;
+            let sizes = token_counts(&samples, &Tokenizer::default())?;
+            let label = format!("{} ({} samples)", path.display(), samples.len());
+            return Ok(Some((sizes, label)));
+        }
+        let Some(name) = self.generate.as_deref() else {
+            return Ok(None);
+        };
+        let dist = mosaic_data::Distribution::by_name(name)
+            .ok_or_else(|| BadInput(format!("--generate: unknown distribution {name}")))?;
+        let count = self.count.map_or(default_count, |c| c as usize);
+        let sizes = mosaic_data::generate(dist, count, self.seed);
+        let label = format!("{count} generated {name} samples (seed {})", self.seed);
+        Ok(Some((sizes, label)))
+    }
+}

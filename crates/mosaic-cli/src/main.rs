@@ -48,9 +48,7 @@ enum Command {
     #[cfg_attr(feature = "engine", command(subcommand))]
     #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
     Measure(commands::measure::Args),
-    /// Write the data an engine model trains on as a file (needs the engine feature).
-    #[cfg_attr(feature = "engine", command(subcommand))]
-    #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
+    /// Simulate the peers' batching policies on variable-size samples (DP × PP, 1F1B), or write an engine model's data (`data write`).
     Data(commands::data::Args),
 }
 
@@ -83,6 +81,8 @@ fn main() -> ExitCode {
                 || e.downcast_ref::<mosaic_plan::PlanFileError>().is_some()
                 || e.downcast_ref::<mosaic_sim::SimError>().is_some()
                 || e.downcast_ref::<mosaic_fit::FitError>().is_some()
+                || e.downcast_ref::<mosaic_data::samples::SamplesError>()
+                    .is_some()
                 || e.downcast_ref::<std::io::Error>().is_some_and(bad_path)
                 || matches!(
                     e.downcast_ref::<mosaic_plan::PlanError>(),

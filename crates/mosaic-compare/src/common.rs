@@ -172,3 +172,13 @@ pub(crate) fn plan_line(plan: &Plan) -> String {
 pub(crate) fn round_ms(x: f64) -> f64 {
     (x * 1e3).round() / 1e3
 }
+
+/// A staged plan's shape for [`crate::with_data`]: each stage's modules as (dp, time).
+pub(crate) fn plan_shape(plan: &Plan) -> crate::Shape {
+    crate::Shape::Staged(
+        plan.stages
+            .iter()
+            .map(|s| s.modules.iter().map(|m| (m.dp, m.time_ms)).collect())
+            .collect(),
+    )
+}

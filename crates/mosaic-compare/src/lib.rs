@@ -98,6 +98,7 @@
 //! ```
 
 mod common;
+mod data;
 mod pipeline;
 mod roles;
 mod spindle;
@@ -110,6 +111,7 @@ use mosaic_profile::PerfModel;
 use serde::Serialize;
 
 pub use common::whole_gpu_lower_bound;
+pub use data::{with_data, DataBatch, Shape, FLOWTRAIN_MICROBATCHES};
 pub use pipeline::{disttrain, flowtrain, DEFAULT_MAX_MICROBATCHES};
 pub use roles::{roles, Roles};
 pub use spindle::spindle;
@@ -220,6 +222,9 @@ pub struct StrategyResult {
     /// The staged plan, where the strategy is one (Megatron-LM, DistMM, Mosaic, and Spindle
     /// when it slices nothing).
     pub plan: Option<Plan>,
+    /// What [`with_data`] scales this row by.
+    #[serde(skip)]
+    pub shape: Shape,
 }
 
 /// Why a comparison could not be made.

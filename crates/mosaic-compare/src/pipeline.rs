@@ -8,7 +8,7 @@ use mosaic_profile::{ModuleSet, PerfModel, QuotaOption};
 
 use crate::common::{round_ms, whole_gpu_all, Ledger};
 use crate::roles::roles;
-use crate::{CompareError, CompareOptions, Strategy, StrategyResult};
+use crate::{CompareError, CompareOptions, Shape, Strategy, StrategyResult};
 
 /// Microbatch counts DistTrain may use when the global batch is unknown: 1, 2, 4, 8.
 pub const DEFAULT_MAX_MICROBATCHES: u32 = 8;
@@ -255,7 +255,21 @@ pub fn disttrain(
         ),
         note: Some(note),
         plan: None,
+        shape: Shape::Pipeline {
+            group_ms: groups.iter().map(|g| g.time_ms).collect(),
+            microbatches: n,
+            dp: largest_dp(&groups),
+        },
     })
+}
+
+/// The largest data-parallel degree among the modules of `groups`.
+fn largest_dp(groups: &[GroupRun]) -> u32 {
+    groups
+        .iter()
+        .flat_map(|g| g.modules.iter().map(|(_, o)| o.dp))
+        .max()
+        .unwrap_or(1)
 }
 
 /// **FlowTrain** (Jiang et al. 2026, §3.3): decoupled producers (the encoders) and consumers
@@ -321,6 +335,22 @@ pub fn flowtrain(model: &PerfModel, gpus: u32) -> Result<StrategyResult, Compare
             (g.time_ms, vec![g])
         }
     };
+    let shape = if decoupled {
+        Shape::Decoupled {
+            producer_ms: groups[0].time_ms,
+            consumer_ms: groups[1].time_ms,
+            dp: largest_dp(&groups[1..]),
+        }
+    } else {
+        // One pool: its modules one after another on it.
+        Shape::Staged(
+            groups[0]
+                .modules
+                .iter()
+                .map(|(_, o)| vec![(o.dp, o.time_ms)])
+                .collect(),
+        )
+    };
     let iteration_ms = round_ms(t);
     let refs: Vec<&GroupRun> = groups.iter().collect();
     let util = ledger_of(&refs, gpus).utilisation(iteration_ms);
@@ -349,6 +379,7 @@ pub fn flowtrain(model: &PerfModel, gpus: u32) -> Result<StrategyResult, Compare
             "nothing to decouple on this pool: one pool runs every module".to_string()
         }),
         plan: None,
+        shape,
     })
 }
 

@@ -710,6 +710,8 @@ impl Tally {
             note: Some(self.notes(sync_ms, merges).join("; ")),
             // Without slices or merges the schedule is DistMM's plan; waves are not a staged plan.
             plan: self.unchanged(merges).then(|| partition.clone()),
+            // Waves reshuffle DistMM's stages, whose replicas see the same data.
+            shape: crate::common::plan_shape(partition),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use mosaic_plan::{solve, Candidate, Placement, Plan, Search, SolveOptions, StageAlloc};
 use mosaic_profile::{ModuleSet, PerfModel};
 
-use crate::common::{plan_line, plan_util, whole_gpu_all};
+use crate::common::{plan_line, plan_shape, plan_util, whole_gpu_all};
 use crate::{CompareError, Strategy, StrategyResult};
 
 /// The result row of a staged plan.
@@ -27,6 +27,7 @@ fn staged_result(
         gpu_util: util.per_gpu,
         description: plan_line(&plan),
         note,
+        shape: plan_shape(&plan),
         plan: Some(plan),
     }
 }

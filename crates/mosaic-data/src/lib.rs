@@ -5,32 +5,40 @@
 //!
 //! - [`packing`]: FlowTrain's dynamic packing scheduler (FlowTrain §3.4, Algorithm 1):
 //!   segment-tree best-fit packing of sequences into fixed-capacity microbatches, the
-//!   `α·Σl² + β·Σl` cost model, and zig-zag dispatch of microbatches over DP ranks.
+//!   `α·Σl² + β·Σl` cost model, cost buckets and (bucketed) zig-zag dispatch of microbatches
+//!   over DP ranks.
 //! - [`partition`]: DistTrain's intra-microbatch reordering (DistTrain §6.1, Algorithm 2):
 //!   greedy number partitioning of samples over DP groups, with its lower bound.
-//! - [`pipeline`]: a microbatch-level simulator of the non-interleaved 1F1B pipeline
-//!   schedule, giving iteration time and bubble fraction from per-stage times.
+//! - [`pipeline`]: a microbatch-level simulator of the 1F1B pipeline schedule and of
+//!   Megatron-LM's interleaved 1F1B (virtual pipeline stages), giving iteration time and
+//!   bubble fraction from per-stage times.
 //! - [`policy`]: three ways to form and place one global batch's microbatches (random,
-//!   DistTrain §6.1 + §6.2 with Algorithm 3's inter-microbatch reordering, FlowTrain §3.4),
-//!   evaluated over DP × PP on the simulator (iteration time, bubble, DP imbalance).
+//!   DistTrain §6.1 + §6.2 with Algorithm 3's inter-microbatch reordering and its VPP
+//!   retrofit, FlowTrain §3.4), evaluated over DP × PP (× VPP) on the simulator (iteration
+//!   time, bubble, DP imbalance), with stages splitting each microbatch's cost equally or by
+//!   weights (heterogeneous encoder/backbone stages).
+//! - [`samples`]: users' per-sample sizes from JSONL (text tokens, images in pixels, audio
+//!   seconds), turned into token counts by a documented tokenizer (ViT patches, audio
+//!   tokens per second).
 //! - [`sizes`]: a seeded generator of skewed per-sample token counts, after the skew that
 //!   DistTrain §2.3 (Fig. 5) measures on LAION-400M.
 //!
-//! Not here yet (future work of issue 14): interleaved 1F1B / virtual pipeline stages (VPP)
-//! in the simulator and DistTrain's VPP variant of Algorithm 3; FlowTrain's cost buckets
-//! (Algorithm 1, lines 12–14; [`packing::zigzag`] dispatches one bucket); communication,
-//! gradient synchronisation and heterogeneous (encoder/backbone/generator) stages in the
-//! simulator, whose stages split each microbatch's cost equally; the CLI `mosaic data`
-//! command; and the engine side that feeds real batches.
+//! Not here yet (future work of issue 14): communication and gradient synchronisation in
+//! the simulator (stages and ranks exchange activations and gradients for free); memory
+//! limits beyond what the 1F1B orders imply; the CLI `mosaic data` command over these
+//! policies; and the engine side that feeds real batches.
 
 pub mod packing;
 pub mod partition;
 pub mod pipeline;
 pub mod policy;
+pub mod samples;
 pub mod sizes;
 
-pub use packing::{cost, pack, zigzag, PackError};
+pub use packing::{buckets, cost, pack, zigzag, zigzag_buckets, PackError};
 pub use partition::{greedy_partition, loads, lower_bound};
-pub use pipeline::{one_f_one_b, Schedule};
-pub use policy::{assign, evaluate, inter_reorder, Layout, Params, Policy, Report};
+pub use pipeline::{interleaved, one_f_one_b, PipelineError, Schedule};
+pub use policy::{assign, assign_weighted, evaluate, evaluate_weighted, inter_reorder};
+pub use policy::{inter_reorder_vpp, DataError, Layout, Params, Policy, Report};
+pub use samples::{parse_jsonl, read_jsonl, token_counts, Sample, SamplesError, Tokenizer};
 pub use sizes::{generate, Distribution};

@@ -1,4 +1,5 @@
-//! FlowTrain's dynamic packing scheduler (FlowTrain §3.4, Algorithm 1).
+//! FlowTrain's dynamic packing scheduler (FlowTrain §3.4, Algorithm 1): best-fit packing,
+//! the cost model, cost buckets and zig-zag dispatch.
 
 use std::cmp::Reverse;
 
@@ -165,4 +166,120 @@ pub fn zigzag(costs: &[f64], ranks: usize) -> Vec<Vec<usize>> {
         out[if round % 2 == 0 { pos } else { ranks - 1 - pos }].push(batch);
     }
     out
+}
+
+/// FlowTrain's cost buckets (§3.4, Algorithm 1, lines 12–14: "we cluster packed microbatches
+/// with similar computational intensities into a discrete bucket"): `count` equal-width bins
+/// of cost between the smallest and the largest finite cost, the most expensive bin first
+/// (bucket `b` holds the costs in `(max − (b+1)·w, max − b·w]` for width `w`; the last one
+/// also holds the minimum),
+/// each holding its microbatch indices sorted by cost descending (lines 15–16; ties in index
+/// order). Returns exactly `count` buckets, some possibly empty.
+///
+/// The paper does not say how it clusters. Equal-width bins are chosen because they bound
+/// what the paper wants bounded, the latency spread inside a bucket: any two costs in one
+/// bucket differ by at most `(max − min) / count`. Packed microbatches are filled close to
+/// one capacity, so their costs span a narrow range (a ratio of a few between the cheapest
+/// and the dearest), where log-scale bins would give nearly the same split with a relative
+/// instead of an absolute bound. If every cost is equal everything lands in bucket 0;
+/// `+∞` goes to bucket 0, NaN and `−∞` to the last bucket.
+///
+/// # Panics
+/// If `count` is 0.
+pub fn buckets(costs: &[f64], count: usize) -> Vec<Vec<usize>> {
+    assert!(count > 0, "0 cost buckets");
+    let finite = || costs.iter().copied().filter(|c| c.is_finite());
+    let hi = finite().fold(f64::NEG_INFINITY, f64::max);
+    let lo = finite().fold(f64::INFINITY, f64::min);
+    let bin = |c: f64| -> usize {
+        if c == f64::INFINITY {
+            0
+        } else if !c.is_finite() {
+            count - 1
+        } else if hi > lo {
+            // Saturating cast: a NaN from an overflowing span lands in bucket 0.
+            (((hi - c) / (hi - lo) * count as f64) as usize).min(count - 1)
+        } else {
+            0
+        }
+    };
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
+    let mut out = vec![Vec::new(); count];
+    for k in order {
+        out[bin(costs[k])].push(k);
+    }
+    out
+}
+
+/// FlowTrain's bucketed zig-zag dispatch (§3.4, Algorithm 1, lines 12–27): the microbatches
+/// of each of `bucket_count` [`buckets`] (most expensive bucket first, each sorted by cost
+/// descending) are dealt to the ranks `0, 1, …, r−1`, then `r−1, …, 0`, and so on, bucket
+/// by bucket, so every rank runs its microbatches bucket by bucket, dearest first. Each
+/// bucket starts a new traversal in the direction opposite to the last round of the bucket
+/// before (the paper reverses the direction after each pass and does not say where a bucket
+/// starts; starting opposite hands a partial round's extra microbatches to the other end of
+/// the ranks). Returns the microbatch indices of each rank. With one bucket this is
+/// [`zigzag`].
+///
+/// Per bucket the ranks' counts differ by at most one and (for non-negative costs) their
+/// loads by at most the bucket's largest cost (the [`zigzag`] bound), so over all buckets
+/// the counts differ by at most the number of buckets whose size is no multiple of `ranks`
+/// and the loads by at most the sum of the buckets' largest costs.
+///
+/// # Panics
+/// If `ranks` or `bucket_count` is 0.
+pub fn zigzag_buckets(costs: &[f64], ranks: usize, bucket_count: usize) -> Vec<Vec<usize>> {
+    assert!(ranks > 0, "zigzag over 0 ranks");
+    let mut out = vec![Vec::new(); ranks];
+    let mut forward = true;
+    for bucket in buckets(costs, bucket_count) {
+        let dir = |round: usize| forward == round.is_multiple_of(2);
+        for (t, &k) in bucket.iter().enumerate() {
+            let (round, pos) = (t / ranks, t % ranks);
+            out[if dir(round) { pos } else { ranks - 1 - pos }].push(k);
+        }
+        if let Some(last) = bucket.len().checked_sub(1) {
+            forward = !dir(last / ranks);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_split_the_cost_range_evenly() {
+        let costs = [1.0, 9.0, 5.0, 2.0, 8.0, 4.9];
+        // Width 2 from the top: (7, 9] → {9, 8}, (5, 7] → {}, (3, 5] → {5, 4.9}, [1, 3] → {2, 1}.
+        assert_eq!(
+            buckets(&costs, 4),
+            vec![vec![1, 4], vec![], vec![2, 5], vec![3, 0]]
+        );
+        assert_eq!(buckets(&[3.0, 3.0], 3), vec![vec![0, 1], vec![], vec![]]);
+        assert_eq!(
+            buckets(&[f64::NAN, 1.0, f64::INFINITY], 2),
+            vec![vec![2, 1], vec![0]]
+        );
+        assert_eq!(buckets(&[], 2), vec![Vec::<usize>::new(), vec![]]);
+    }
+
+    #[test]
+    fn buckets_start_where_the_last_round_turned() {
+        // Two ranks, two buckets {9, 8, 7} and {2, 1}: 9 → 0, 8 → 1, 7 → 1 (backward), so
+        // the next bucket starts forward again: 2 → 0, 1 → 1.
+        let costs = [9.0, 8.0, 7.0, 2.0, 1.0];
+        assert_eq!(
+            zigzag_buckets(&costs, 2, 2),
+            vec![vec![0, 3], vec![1, 2, 4]]
+        );
+        // One round per bucket: the second bucket runs backward.
+        assert_eq!(
+            zigzag_buckets(&[9.0, 8.0, 2.0, 1.0], 2, 2),
+            vec![vec![0, 3], vec![1, 2]]
+        );
+        assert_eq!(zigzag_buckets(&costs, 2, 1), zigzag(&costs, 2));
+    }
 }

@@ -1,20 +1,23 @@
 //! Three policies that turn one global batch of samples into per-DP-rank microbatches, and a
-//! DP × PP evaluation of the result on the [`crate::pipeline`] 1F1B simulator.
+//! DP × PP evaluation of the result on the [`crate::pipeline`] simulator (1F1B, or
+//! interleaved 1F1B when the layout has virtual pipeline stages).
 //!
 //! - [`Policy::Random`]: shuffle, then deal round robin into `d × m` equal-count microbatches.
 //! - [`Policy::DistTrain`]: DistTrain §6: intra-microbatch reordering (§6.1) balances each
 //!   microbatch slot over the DP ranks, inter-microbatch reordering (§6.2, Algorithm 3, see
-//!   [`inter_reorder`]) orders each rank's microbatches against 1F1B bubbles. Each slot's
+//!   [`inter_reorder`], [`inter_reorder_vpp`] under VPP) orders each rank's microbatches
+//!   against 1F1B bubbles. Each slot's
 //!   groups are handed heaviest first to the ranks carrying the least so far (greedy
 //!   partitioning alone would give rank 0 every slot's largest sample); the paper balances
 //!   one microbatch at a time and does not say how groups map to ranks.
 //!   [`Policy::DistTrainIntra`] skips Algorithm 3.
-//! - [`Policy::FlowTrain`]: FlowTrain §3.4: best-fit packing ([`crate::pack`]) and zig-zag
-//!   dispatch ([`crate::zigzag`]) over the DP ranks (one cost bucket).
+//! - [`Policy::FlowTrain`]: FlowTrain §3.4: best-fit packing ([`crate::pack`]) and bucketed
+//!   zig-zag dispatch ([`crate::zigzag_buckets`], [`Params::buckets`] cost buckets) over the
+//!   DP ranks.
 
-use crate::packing::{cost, pack, zigzag, PackError};
+use crate::packing::{cost, pack, zigzag_buckets, PackError};
 use crate::partition::{greedy_partition, loads};
-use crate::pipeline::one_f_one_b;
+use crate::pipeline::{backward_op, check, interleaved, warmup, PipelineError, Schedule};
 use mosaic_kit::rng::SplitMix64;
 
 /// A way of forming and placing microbatches.
@@ -43,6 +46,88 @@ pub struct Params {
     /// Token capacity of [`Policy::FlowTrain`]'s microbatches; `None` picks the smallest
     /// capacity at which packing yields at most `d × m` microbatches (see [`auto_capacity`]).
     pub capacity: Option<u32>,
+    /// [`Policy::FlowTrain`]'s cost buckets ([`crate::buckets`]; at least 1, 1 = a single
+    /// zig-zag over all microbatches); [`Params::new`] sets [`DEFAULT_BUCKETS`].
+    pub buckets: usize,
+}
+
+/// FlowTrain's default number of cost buckets. The paper gives no count; four bins split the
+/// narrow cost range of packed microbatches into quarters, enough to group similar costs
+/// while keeping each bucket at several microbatches per rank for zig-zag to pair.
+pub const DEFAULT_BUCKETS: usize = 4;
+
+impl Params {
+    /// The cost coefficients and seed, with automatic capacity and [`DEFAULT_BUCKETS`].
+    pub fn new(alpha: f64, beta: f64, seed: u64) -> Self {
+        Params {
+            alpha,
+            beta,
+            seed,
+            capacity: None,
+            buckets: DEFAULT_BUCKETS,
+        }
+    }
+}
+
+impl Default for Params {
+    /// `alpha = 0`, `beta = 1` (a microbatch costs its token count), seed 0, automatic
+    /// capacity, [`DEFAULT_BUCKETS`]: override the cost coefficients for real timings.
+    fn default() -> Self {
+        Params::new(0.0, 1.0, 0)
+    }
+}
+
+/// The largest `dp × microbatches` [`assign`] accepts (it allocates per slot).
+pub const MAX_SLOTS: usize = 1 << 20;
+/// The largest `pp × vpp` (virtual stages per rank) [`evaluate`] accepts.
+pub const MAX_VIRTUAL_STAGES: usize = 1 << 12;
+
+/// Why a policy or its evaluation refused its input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DataError {
+    /// FlowTrain's packing refused the sizes or the capacity.
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    /// The pipeline simulator or Algorithm 3 refused the stage times.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// A layout count or [`Params::buckets`] is 0.
+    #[error("{what} must be at least 1")]
+    Zero { what: &'static str },
+    /// A layout product above its documented limit.
+    #[error("{what} is {value}, above the supported maximum {limit}")]
+    TooLarge {
+        what: &'static str,
+        value: usize,
+        limit: usize,
+    },
+    /// Interleaved 1F1B needs each rank's microbatch count to be a multiple of `pp` (`rank`
+    /// is 0 for the policies whose ranks all get `microbatches`).
+    #[error(
+        "interleaved 1F1B (vpp {vpp}) needs every rank's microbatch count to be a multiple \
+         of pp {pp}; rank {rank} has {microbatches}"
+    )]
+    NotMultiple {
+        rank: usize,
+        microbatches: usize,
+        pp: usize,
+        vpp: usize,
+    },
+    /// `alpha` or `beta` is negative or not finite.
+    #[error("params.{name} is {value}; it must be finite and non-negative")]
+    BadParam { name: &'static str, value: f64 },
+    /// The stage weights do not list one weight per pipeline stage.
+    #[error("{got} stage weights for {pp} pipeline stages")]
+    WeightCount { got: usize, pp: usize },
+    /// A stage weight is negative or not finite.
+    #[error("stage weight {stage} is {value}; weights must be finite and non-negative")]
+    BadWeight { stage: usize, value: f64 },
+    /// Every stage weight is 0.
+    #[error("the stage weights sum to 0; at least one must be positive")]
+    ZeroWeights,
+    /// The stage weights are finite but their sum overflows.
+    #[error("the stage weights sum to {sum}; the sum must be finite")]
+    WeightSum { sum: f64 },
 }
 
 /// How one policy fared on one global batch.
@@ -101,41 +186,85 @@ fn microbatch_costs(sizes: &[u32], microbatches: &[Vec<usize>], params: &Params)
         .collect()
 }
 
-/// Per-stage forward and backward times of microbatches of `costs` on `pp` stages: layers split
-/// equally, so each stage takes `cost / pp` forward and twice that backward.
-fn stage_times(costs: &[f64], pp: usize) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
-    let fwd: Vec<f64> = costs.iter().map(|c| c / pp as f64).collect();
-    let bwd: Vec<f64> = fwd.iter().map(|f| 2.0 * f).collect();
-    (vec![fwd; pp], vec![bwd; pp])
+/// Per-stage forward and backward times of microbatches of `costs` on stages of `weights`:
+/// stage `s` takes `cost · w_s / Σ w` forward and twice that backward (equal weights: `cost /
+/// pp`, layers split equally).
+fn stage_times(costs: &[f64], weights: &[f64]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let total: f64 = weights.iter().sum();
+    let fwd: Vec<Vec<f64>> = weights
+        .iter()
+        .map(|w| costs.iter().map(|c| c * w / total).collect())
+        .collect();
+    let bwd = fwd
+        .iter()
+        .map(|row| row.iter().map(|f| 2.0 * f).collect())
+        .collect();
+    (fwd, bwd)
 }
 
 /// DistTrain's inter-microbatch reordering (§6.2, Algorithm 3) of microbatches with stage
 /// times `fwd[s][k]`/`bwd[s][k]` for non-interleaved 1F1B; returns the new order (a
-/// permutation of `0..m`). A microbatch's *size* is its total time `Σ_s fwd + bwd`.
+/// permutation of `0..m`): [`inter_reorder_vpp`] with one chunk.
 ///
-/// As implemented (the printed pseudo-code runs its loop `l − p` times but fills `p − 1`
-/// positions in its first pass, which would place `l + p − 2` microbatches; this follows the
-/// text instead and fills until none is left):
+/// # Panics
+/// If the shapes differ or a time is not finite and non-negative (see
+/// [`inter_reorder_vpp`], which returns those as errors).
+pub fn inter_reorder(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Vec<usize> {
+    match inter_reorder_vpp(fwd, bwd, 1) {
+        Ok(order) => order,
+        Err(e) => panic!("inter_reorder: {e}"),
+    }
+}
+
+/// DistTrain's inter-microbatch reordering (§6.2, Algorithm 3) for (interleaved) 1F1B with
+/// `chunks` model chunks per stage ([`crate::interleaved`]); returns the new order of the
+/// microbatches with stage times `fwd[s][k]`/`bwd[s][k]` (a permutation of `0..m`). A
+/// microbatch's *size* is its total time `Σ_s fwd + bwd`.
+///
+/// Algorithm 3 with one chunk (the printed pseudo-code runs its loop `l − p` times but fills
+/// `p − 1` positions in its first pass, which would place `l + p − 2` microbatches; this
+/// follows the text instead and fills until none is left):
 /// 1. the smallest microbatch goes first, to start every stage early (line 3);
 /// 2. the `p − 1` smallest of the rest are set aside for the end (lines 4, 12), appended
 ///    largest first so that the very last one is the smallest (the order is not specified);
-/// 3. while microbatches remain (lines 5–11), interval `i` at stage 0 is computed by
-///    simulating the placed prefix with the unplaced positions at zero time
-///    ([`one_f_one_b`], the paper's dependency recursion, O(m·p) per call here rather than
-///    its incremental O(p)): interval 1 is the gap between `F(0, 1)` and `B(0, 1)`, interval
-///    `i > 1` the gap between `B(0, i − 1)` and `B(0, i)`. Interval 1 is filled by the
+/// 3. the other positions are filled in order (lines 5–11). Interval 1 at stage 0 is the gap
+///    between `F(0, 1)` and `B(0, 1)`, interval `i > 1` the gap between `B(0, i − 1)` and
+///    `B(0, i)` (1-based), computed by simulating the placed prefix with the unplaced
+///    positions at zero time ([`crate::interleaved`], the paper's dependency recursion, O(m·p)
+///    per call here rather than its incremental O(p)). Interval 1 is filled by the
 ///    `min(p − 1, left)` microbatches whose stage-0 forwards sum closest to it, every later
 ///    interval by the one microbatch whose stage-0 forward is closest. *SELECTCLOSEST* with
 ///    several microbatches is a subset-sum problem the paper solves in O(l); this picks them
 ///    greedily, each the closest to the remaining gap divided by the picks left.
 ///
-/// # Panics
-/// If the shapes differ, as [`one_f_one_b`].
-pub fn inter_reorder(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Vec<usize> {
-    let p = fwd.len();
-    let m = fwd.first().map_or(0, Vec::len);
+/// The VPP retrofit (DistTrain §6.2, last paragraph: "computing multiple (i.e., VPP size)
+/// intervals and filling them with the corresponding number of forward passes from a single
+/// microbatch"), as implemented: under Megatron-LM's interleaved order stage 0 runs each
+/// microbatch's forward as `chunks` passes of `fwd[0][k] / chunks` (forward operations
+/// `⌊j/p⌋·p·chunks + c·p + j mod p` for position `j`, chunk `c`). Interval 1 is the gap from
+/// the first forward pass to the first backward pass at stage 0 (holding the warm-up
+/// forwards), interval `t > 1` the gap between backward passes `t − 2` and `t − 1`, which the
+/// steady state fills with one forward pass each. Each position, in order, computes the
+/// `chunks` intervals its forward passes land in and takes the pending microbatch whose pass
+/// time `fwd[0][k] / chunks` misses them least in sum (`Σ |pass − target|`), a pass in
+/// interval 1 aiming at the interval's unfilled rest divided by its passes not yet placed
+/// (the first microbatch's own passes there count as placed, the set-aside rear's are
+/// ignored, as the one-chunk loop never sees them). Steps 1 and 2 are unchanged (the paper
+/// does not change them). With one chunk this is exactly the algorithm above; with a single
+/// stage (where no order changes the makespan) the first forward after `F(0)` counts toward
+/// interval 1, as the one-chunk code always did.
+///
+/// # Errors
+/// As [`crate::interleaved`]: shapes that differ, bad times, `chunks = 0`, or `chunks > 1`
+/// with `m` not a multiple of `p`.
+pub fn inter_reorder_vpp(
+    fwd: &[Vec<f64>],
+    bwd: &[Vec<f64>],
+    chunks: usize,
+) -> Result<Vec<usize>, PipelineError> {
+    let (p, m) = check(fwd, bwd, chunks)?;
     if m == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let size = |k: usize| -> f64 { (0..p).map(|s| fwd[s][k] + bwd[s][k]).sum() };
     let by_size = |a: &usize, b: &usize| size(*a).total_cmp(&size(*b)).then(a.cmp(b));
@@ -145,10 +274,10 @@ pub fn inter_reorder(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Vec<usize> {
     let rear_len = p.saturating_sub(1).min(pending.len());
     let mut rear: Vec<usize> = pending.drain(..rear_len).collect();
     rear.reverse();
+    let fill_end = m - rear.len();
 
-    let mut interval = 1;
-    while !pending.is_empty() {
-        // Stage times with the placed prefix in order, the rest of the positions at zero.
+    // Stage times with the placed prefix in order, the rest of the positions at zero.
+    let simulate = |order: &[usize]| -> Result<Schedule, PipelineError> {
         let zeros = || vec![vec![0.0; m]; p];
         let (mut f, mut b) = (zeros(), zeros());
         for (pos, &k) in order.iter().enumerate() {
@@ -157,32 +286,59 @@ pub fn inter_reorder(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Vec<usize> {
                 b[s][pos] = bwd[s][k];
             }
         }
-        let sched = one_f_one_b(&f, &b);
-        let (picks, volume) = if interval == 1 {
-            let gap = sched.bwd_start[0][0] - sched.fwd_end[0][0];
-            (p.saturating_sub(1).max(1).min(pending.len()), gap)
-        } else {
-            let gap = sched.bwd_start[0][interval - 1] - sched.bwd_end[0][interval - 2];
-            (1, gap)
-        };
-        let mut filled = 0.0;
-        for left in (1..=picks).rev() {
-            let want = (volume - filled) / left as f64;
-            let j = (0..pending.len())
-                .min_by(|&x, &y| {
-                    let dx = (fwd[0][pending[x]] - want).abs();
-                    let dy = (fwd[0][pending[y]] - want).abs();
-                    dx.total_cmp(&dy).then(x.cmp(&y))
-                })
-                .expect("picks ≤ pending");
-            let k = pending.remove(j);
-            filled += fwd[0][k];
-            order.push(k);
+        interleaved(&f, &b, chunks)
+    };
+    let share = chunks as f64;
+    // Stage 0's forward operations of position j, and the (virtual stage, position) of its
+    // backward operation t.
+    let ops_of = |j: usize| (0..chunks).map(move |c| (j / p) * p * chunks + c * p + j % p);
+    let back = |t: usize| {
+        let (c, k) = backward_op(t, p, chunks);
+        (c * p, k)
+    };
+    let warm = warmup(0, p, m, chunks).max(1);
+    let in_first = |i: usize| (1..=warm).contains(&i);
+
+    let sched = simulate(&order)?;
+    let (v0, k0) = back(0);
+    let gap1 = sched.bwd_start[v0][k0] - sched.fwd_end[0][0];
+    let mut left1: usize = (1..fill_end)
+        .map(|j| ops_of(j).filter(|&i| in_first(i)).count())
+        .sum();
+    let own = ops_of(0).filter(|&i| in_first(i)).count();
+    let mut filled1 = own as f64 * (fwd[0][order[0]] / share);
+    for j in 1..fill_end {
+        let ops: Vec<usize> = ops_of(j).collect();
+        let n1 = ops.iter().filter(|&&i| in_first(i)).count();
+        let mut targets = vec![(gap1 - filled1) / left1.max(1) as f64; n1];
+        let later: Vec<usize> = ops.into_iter().filter(|&i| i > warm).collect();
+        if !later.is_empty() {
+            let sched = simulate(&order)?;
+            for i in later {
+                // Forward operation i sits in interval t = i − warm + 1, between backward
+                // operations t − 2 and t − 1.
+                let t = i - warm + 1;
+                let ((va, ka), (vb, kb)) = (back(t - 2), back(t - 1));
+                targets.push(sched.bwd_start[vb][kb] - sched.bwd_end[va][ka]);
+            }
         }
-        interval += 1;
+        let miss =
+            |k: usize| -> f64 { targets.iter().map(|t| (fwd[0][k] / share - t).abs()).sum() };
+        let Some(pick) = (0..pending.len()).min_by(|&x, &y| {
+            miss(pending[x])
+                .total_cmp(&miss(pending[y]))
+                .then(x.cmp(&y))
+        }) else {
+            break; // cannot happen: fill_end − j microbatches are pending
+        };
+        let k = pending.remove(pick);
+        filled1 += n1 as f64 * (fwd[0][k] / share);
+        left1 = left1.saturating_sub(n1);
+        order.push(k);
     }
+    order.extend(pending); // empty, unless the loop stopped early
     order.extend(rear);
-    order
+    Ok(order)
 }
 
 /// The parallel layout a batch is scheduled on.
@@ -194,33 +350,130 @@ pub struct Layout {
     pub pp: usize,
     /// Microbatches per rank (FlowTrain: a target; packing decides).
     pub microbatches: usize,
+    /// Model chunks per pipeline stage (virtual pipeline stages): 1 runs non-interleaved
+    /// 1F1B, more runs Megatron-LM's interleaved 1F1B ([`crate::interleaved`]), which needs
+    /// each rank's microbatch count to be a multiple of `pp`.
+    pub vpp: usize,
+}
+
+impl Layout {
+    /// `dp` ranks of `pp` stages with `microbatches` each, non-interleaved (`vpp = 1`).
+    pub fn new(dp: usize, pp: usize, microbatches: usize) -> Self {
+        Layout {
+            dp,
+            pp,
+            microbatches,
+            vpp: 1,
+        }
+    }
+}
+
+/// Checks the layout, the cost parameters and the stage weights against their limits.
+fn validate(layout: Layout, params: &Params, weights: &[f64]) -> Result<(), DataError> {
+    let Layout {
+        dp,
+        pp,
+        microbatches,
+        vpp,
+    } = layout;
+    for (what, n) in [
+        ("dp", dp),
+        ("pp", pp),
+        ("microbatches", microbatches),
+        ("vpp", vpp),
+        ("params.buckets", params.buckets),
+    ] {
+        if n == 0 {
+            return Err(DataError::Zero { what });
+        }
+    }
+    let limit = |what, value: Option<usize>, limit| match value {
+        Some(v) if v <= limit => Ok(()),
+        _ => Err(DataError::TooLarge {
+            what,
+            value: value.unwrap_or(usize::MAX),
+            limit,
+        }),
+    };
+    limit("dp × microbatches", dp.checked_mul(microbatches), MAX_SLOTS)?;
+    limit("pp × vpp", pp.checked_mul(vpp), MAX_VIRTUAL_STAGES)?;
+    if vpp > 1 && !microbatches.is_multiple_of(pp) {
+        return Err(DataError::NotMultiple {
+            rank: 0,
+            microbatches,
+            pp,
+            vpp,
+        });
+    }
+    for (name, value) in [("alpha", params.alpha), ("beta", params.beta)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(DataError::BadParam { name, value });
+        }
+    }
+    if weights.len() != pp {
+        return Err(DataError::WeightCount {
+            got: weights.len(),
+            pp,
+        });
+    }
+    if let Some((stage, &value)) = weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+    {
+        return Err(DataError::BadWeight { stage, value });
+    }
+    let total: f64 = weights.iter().sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return Err(if total > 0.0 {
+            DataError::WeightSum { sum: total }
+        } else {
+            DataError::ZeroWeights
+        });
+    }
+    Ok(())
 }
 
 /// Each DP rank's microbatches (lists of sample indices, in execution order) under `policy`
 /// for a global batch of per-sample token counts `sizes`, `dp` ranks, `microbatches` per rank
-/// (FlowTrain: as many as packing yields, dealt by zig-zag) and `pp` pipeline stages (used by
-/// DistTrain's Algorithm 3). Every sample appears exactly once.
+/// (FlowTrain: as many as packing yields, dealt by bucketed zig-zag), `pp` pipeline stages and
+/// `vpp` chunks per stage (used by DistTrain's Algorithm 3, [`inter_reorder_vpp`]), stages
+/// splitting each microbatch's cost equally. Every sample appears exactly once.
 ///
 /// # Errors
-/// FlowTrain's packing errors (a sample longer than the capacity, a bad capacity).
-///
-/// # Panics
-/// If `dp`, `pp` or `microbatches` is 0.
+/// As [`assign_weighted`] with equal weights.
 pub fn assign(
     policy: Policy,
     sizes: &[u32],
     layout: Layout,
     params: &Params,
-) -> Result<Vec<Vec<Vec<usize>>>, PackError> {
+) -> Result<Vec<Vec<Vec<usize>>>, DataError> {
+    assign_weighted(policy, sizes, layout, params, &vec![1.0; layout.pp])
+}
+
+/// [`assign`] with stage `s` taking `stage_weights[s] / Σ weights` of each microbatch's cost
+/// (what DistTrain's Algorithm 3 orders against).
+///
+/// # Errors
+/// [`DataError`]: a zero `dp`, `pp`, `microbatches`, `vpp` or `params.buckets`; a layout
+/// above [`MAX_SLOTS`] or [`MAX_VIRTUAL_STAGES`]; `vpp > 1` with a rank's microbatch count
+/// no multiple of `pp` (FlowTrain's counts are known only after packing); a negative or
+/// non-finite `alpha` or `beta`; stage weights of the wrong length, negative, non-finite or
+/// all 0; FlowTrain's packing errors (a sample longer than the capacity, a bad capacity).
+pub fn assign_weighted(
+    policy: Policy,
+    sizes: &[u32],
+    layout: Layout,
+    params: &Params,
+    stage_weights: &[f64],
+) -> Result<Vec<Vec<Vec<usize>>>, DataError> {
+    validate(layout, params, stage_weights)?;
     let Layout {
         dp,
         pp,
         microbatches,
+        vpp,
     } = layout;
-    assert!(
-        dp > 0 && pp > 0 && microbatches > 0,
-        "dp, pp and microbatches must be positive"
-    );
     let sample_costs: Vec<f64> = sizes
         .iter()
         .map(|&s| cost([s], params.alpha, params.beta))
@@ -273,8 +526,9 @@ pub fn assign(
             }
             // §6.2: reorder each rank's microbatches against 1F1B bubbles.
             for mbs in &mut ranks {
-                let (fwd, bwd) = stage_times(&microbatch_costs(sizes, mbs, params), pp);
-                let order = inter_reorder(&fwd, &bwd);
+                let costs = microbatch_costs(sizes, mbs, params);
+                let (fwd, bwd) = stage_times(&costs, stage_weights);
+                let order = inter_reorder_vpp(&fwd, &bwd, vpp)?;
                 *mbs = order
                     .into_iter()
                     .map(|k| std::mem::take(&mut mbs[k]))
@@ -289,40 +543,71 @@ pub fn assign(
             };
             let packed = pack(sizes, capacity)?;
             let costs = microbatch_costs(sizes, &packed, params);
-            zigzag(&costs, dp)
+            let ranks: Vec<Vec<Vec<usize>>> = zigzag_buckets(&costs, dp, params.buckets)
                 .into_iter()
                 .map(|rank| rank.into_iter().map(|k| packed[k].clone()).collect())
-                .collect()
+                .collect();
+            if vpp > 1 {
+                if let Some((rank, mbs)) = ranks
+                    .iter()
+                    .enumerate()
+                    .find(|(_, r)| !r.len().is_multiple_of(pp))
+                {
+                    return Err(DataError::NotMultiple {
+                        rank,
+                        microbatches: mbs.len(),
+                        pp,
+                        vpp,
+                    });
+                }
+            }
+            ranks
         }
     })
 }
 
 /// Simulates one training iteration of `policy` on the global batch `sizes`: every DP rank
-/// runs its microbatches through [`one_f_one_b`] on `pp` stages, stage times `cost / pp`
-/// forward and `2 · cost / pp` backward ([`cost`] with `params.alpha`, `params.beta`; layers
-/// split equally over stages, backward twice forward), ranks independent (no gradient
-/// synchronisation time). The iteration ends with the slowest rank.
+/// runs its microbatches through [`crate::interleaved`] on `pp` stages of `vpp` chunks each
+/// (`vpp = 1`: [`crate::one_f_one_b`]), stage times `cost / pp` forward and `2 · cost / pp`
+/// backward ([`cost`] with `params.alpha`, `params.beta`; layers split equally over stages,
+/// backward twice forward), ranks independent (no gradient synchronisation time). The
+/// iteration ends with the slowest rank. This is [`evaluate_weighted`] with equal weights.
 ///
 /// # Errors
-/// As [`assign`].
-///
-/// # Panics
-/// As [`assign`].
+/// As [`assign_weighted`].
 pub fn evaluate(
     policy: Policy,
     sizes: &[u32],
     layout: Layout,
     params: &Params,
-) -> Result<Report, PackError> {
-    let Layout { dp, pp, .. } = layout;
-    let ranks = assign(policy, sizes, layout, params)?;
-    let schedules: Vec<_> = ranks
+) -> Result<Report, DataError> {
+    evaluate_weighted(policy, sizes, layout, params, &vec![1.0; layout.pp])
+}
+
+/// [`evaluate`] with heterogeneous stages: stage `s` takes `stage_weights[s] / Σ weights` of
+/// each microbatch's cost, forward and backward (e.g. an encoder stage lighter than the
+/// backbone's). The weights also drive DistTrain's Algorithm 3.
+///
+/// # Errors
+/// As [`assign_weighted`]: among them stage weights of the wrong length, negative,
+/// non-finite or all 0.
+pub fn evaluate_weighted(
+    policy: Policy,
+    sizes: &[u32],
+    layout: Layout,
+    params: &Params,
+    stage_weights: &[f64],
+) -> Result<Report, DataError> {
+    let ranks = assign_weighted(policy, sizes, layout, params, stage_weights)?;
+    let schedules = ranks
         .iter()
         .map(|mbs| {
-            let (fwd, bwd) = stage_times(&microbatch_costs(sizes, mbs, params), pp);
-            one_f_one_b(&fwd, &bwd)
+            let costs = microbatch_costs(sizes, mbs, params);
+            let (fwd, bwd) = stage_times(&costs, stage_weights);
+            interleaved(&fwd, &bwd, layout.vpp)
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
+    let dp = layout.dp;
     let times: Vec<f64> = schedules.iter().map(|s| s.makespan).collect();
     let iteration_ms = times.iter().copied().fold(0.0, f64::max);
     let mean = times.iter().sum::<f64>() / dp as f64;
@@ -337,4 +622,127 @@ pub fn evaluate(
         bubble_fraction,
         dp_imbalance,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Params {
+        Params::new(1e-6, 1e-3, 1)
+    }
+
+    #[test]
+    fn default_params_cost_tokens() {
+        let d = Params::default();
+        assert_eq!((d.alpha, d.beta, d.capacity), (0.0, 1.0, None));
+        assert_eq!(d.buckets, DEFAULT_BUCKETS);
+    }
+
+    #[test]
+    fn bad_layouts_are_errors() {
+        let sizes = [10, 20, 30, 40];
+        let run = |layout: Layout, p: &Params| evaluate(Policy::DistTrain, &sizes, layout, p);
+        assert_eq!(
+            run(Layout::new(0, 1, 1), &params()),
+            Err(DataError::Zero { what: "dp" })
+        );
+        let vpp0 = Layout {
+            vpp: 0,
+            ..Layout::new(1, 2, 2)
+        };
+        assert_eq!(run(vpp0, &params()), Err(DataError::Zero { what: "vpp" }));
+        let odd = Layout {
+            vpp: 2,
+            ..Layout::new(1, 2, 3)
+        };
+        assert!(matches!(
+            run(odd, &params()),
+            Err(DataError::NotMultiple {
+                microbatches: 3,
+                pp: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            run(Layout::new(usize::MAX, 1, 2), &params()),
+            Err(DataError::TooLarge { .. })
+        ));
+        let nan = Params {
+            alpha: f64::NAN,
+            ..params()
+        };
+        assert!(matches!(
+            run(Layout::new(1, 1, 1), &nan),
+            Err(DataError::BadParam { name: "alpha", .. })
+        ));
+        let no_buckets = Params {
+            buckets: 0,
+            ..params()
+        };
+        assert_eq!(
+            run(Layout::new(1, 1, 1), &no_buckets),
+            Err(DataError::Zero {
+                what: "params.buckets"
+            })
+        );
+    }
+
+    #[test]
+    fn bad_weights_are_errors() {
+        let sizes = [10, 20, 30, 40];
+        let layout = Layout::new(2, 2, 2);
+        let run = |w: &[f64]| evaluate_weighted(Policy::Random, &sizes, layout, &params(), w);
+        assert_eq!(run(&[1.0]), Err(DataError::WeightCount { got: 1, pp: 2 }));
+        assert!(matches!(
+            run(&[1.0, -1.0]),
+            Err(DataError::BadWeight { stage: 1, .. })
+        ));
+        assert!(matches!(
+            run(&[f64::INFINITY, 1.0]),
+            Err(DataError::BadWeight { stage: 0, .. })
+        ));
+        assert_eq!(run(&[0.0, 0.0]), Err(DataError::ZeroWeights));
+        assert!(matches!(
+            run(&[f64::MAX, f64::MAX]),
+            Err(DataError::WeightSum { .. })
+        ));
+        // Equal weights of any scale are `evaluate`.
+        let even = evaluate(Policy::Random, &sizes, layout, &params()).unwrap();
+        assert_eq!(run(&[3.0, 3.0]).unwrap(), even);
+    }
+
+    #[test]
+    fn a_light_stage_shortens_the_iteration() {
+        // Two stages, the first (an encoder) a ninth of the second, equal microbatches.
+        let sizes = vec![100; 8];
+        let layout = Layout::new(1, 2, 4);
+        let p = Params::new(0.0, 1.0, 1);
+        let r = evaluate_weighted(Policy::Random, &sizes, layout, &p, &[1.0, 9.0]).unwrap();
+        // Each microbatch costs 200: stage 0 takes 20 + 40, stage 1 180 + 360. The heavy stage
+        // runs back to back after stage 0's first forward and before its last backward:
+        // 20 + 4 · 540 + 40.
+        assert!(
+            (r.iteration_ms - (20.0 + 4.0 * 540.0 + 40.0)).abs() < 1e-9,
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn vpp_reorder_with_one_chunk_is_algorithm_3() {
+        let fwd = vec![vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]; 4];
+        let bwd: Vec<Vec<f64>> = fwd
+            .iter()
+            .map(|r| r.iter().map(|f| 2.0 * f).collect())
+            .collect();
+        let order = inter_reorder_vpp(&fwd, &bwd, 1).unwrap();
+        assert_eq!(order, inter_reorder(&fwd, &bwd));
+        // The smallest first, the p − 1 next smallest last, smallest at the very end.
+        assert_eq!(order[0], 1);
+        assert_eq!(&order[5..], &[0, 6, 3]);
+        let mut two = inter_reorder_vpp(&fwd, &bwd, 2).unwrap();
+        assert_eq!(two[0], 1);
+        two.sort_unstable();
+        assert_eq!(two, (0..8).collect::<Vec<_>>());
+    }
 }

@@ -51,6 +51,19 @@ impl Distribution {
         max: SEQ_MAX,
     };
 
+    /// The names [`Distribution::by_name`] knows.
+    pub const NAMES: [&'static str; 2] = ["text", "interleaved"];
+
+    /// The built-in distribution called `name`: `"text"` ([`Distribution::TEXT`]) or
+    /// `"interleaved"` ([`Distribution::INTERLEAVED`]).
+    pub fn by_name(name: &str) -> Option<Distribution> {
+        match name {
+            "text" => Some(Distribution::TEXT),
+            "interleaved" => Some(Distribution::INTERLEAVED),
+            _ => None,
+        }
+    }
+
     fn max(&self) -> u32 {
         match *self {
             Distribution::LogNormal { max, .. } | Distribution::Interleaved { max, .. } => max,
@@ -89,4 +102,18 @@ pub fn generate(dist: Distribution, n: usize, seed: u64) -> Vec<u32> {
     (0..n)
         .map(|_| dist.sample(&mut rng).round().clamp(1.0, f64::from(max)) as u32)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve() {
+        for name in Distribution::NAMES {
+            assert!(Distribution::by_name(name).is_some(), "{name}");
+        }
+        assert_eq!(Distribution::by_name("text"), Some(Distribution::TEXT));
+        assert_eq!(Distribution::by_name("audio"), None);
+    }
 }

@@ -1,8 +1,10 @@
-//! Property tests of the packing, dispatch, partitioning and size-generation bounds.
+//! Property tests of the packing, dispatch, partitioning and size-generation bounds, and of
+//! the JSONL sample reader against mangled input.
 
 use mosaic_data::packing::MAX_CAPACITY;
-use mosaic_data::{cost, generate, greedy_partition, loads, lower_bound, pack, zigzag};
-use mosaic_data::{Distribution, PackError};
+use mosaic_data::{buckets, cost, generate, greedy_partition, loads, lower_bound, pack, zigzag};
+use mosaic_data::{parse_jsonl, token_counts, zigzag_buckets};
+use mosaic_data::{Distribution, PackError, SamplesError, Tokenizer};
 use proptest::prelude::*;
 
 /// Every index of `0..n` appears exactly once across `groups`.
@@ -77,6 +79,29 @@ fn optimal_makespan(costs: &[f64], groups: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// One valid JSONL sample line with any subset of the fields.
+fn valid_line() -> impl Strategy<Value = String> {
+    (
+        prop::option::of(0u32..=1 << 24),
+        prop::option::of(prop::collection::vec((1u32..=65_536, 1u32..=65_536), 0..4)),
+        prop::option::of(0.0f64..=86_400.0),
+    )
+        .prop_map(|(text, images, audio)| {
+            let mut fields = Vec::new();
+            if let Some(t) = text {
+                fields.push(format!("\"text_tokens\": {t}"));
+            }
+            if let Some(images) = images {
+                let list: Vec<String> = images.iter().map(|(h, w)| format!("[{h}, {w}]")).collect();
+                fields.push(format!("\"images\": [{}]", list.join(", ")));
+            }
+            if let Some(a) = audio {
+                fields.push(format!("\"audio_seconds\": {a}"));
+            }
+            format!("{{{}}}", fields.join(", "))
+        })
+}
+
 fn lengths_and_capacity() -> impl Strategy<Value = (Vec<u32>, u32)> {
     (1u32..=4096).prop_flat_map(|c| (prop::collection::vec(0..=c, 0..200), Just(c)))
 }
@@ -141,6 +166,74 @@ proptest! {
         prop_assert!(spread <= costs.iter().copied().fold(0.0, f64::max));
     }
 
+    /// Cost buckets hold every microbatch once, the dearest bucket first, each sorted by cost
+    /// descending and spanning at most `(max − min)/count` of cost.
+    #[test]
+    fn buckets_cover_the_costs_in_even_bins(
+        costs in prop::collection::vec(0u32..10_000, 0..100),
+        count in 1usize..8,
+    ) {
+        let costs: Vec<f64> = costs.into_iter().map(f64::from).collect();
+        let bins = buckets(&costs, count);
+        prop_assert_eq!(bins.len(), count);
+        prop_assert!(is_permutation(&bins, costs.len()));
+        let hi = costs.iter().copied().fold(f64::MIN, f64::max);
+        let lo = costs.iter().copied().fold(f64::MAX, f64::min);
+        let width = (hi - lo) / count as f64;
+        let mut floor = f64::INFINITY;
+        for bin in &bins {
+            let c: Vec<f64> = bin.iter().map(|&i| costs[i]).collect();
+            prop_assert!(c.windows(2).all(|w| w[0] >= w[1]));
+            if let (Some(&top), Some(&bottom)) = (c.first(), c.last()) {
+                prop_assert!(top - bottom <= width * (1.0 + 1e-12));
+                prop_assert!(top <= floor);
+                floor = bottom;
+            }
+        }
+    }
+
+    /// Bucketed zig-zag deals every microbatch once, ranks' counts differ by at most the
+    /// number of buckets whose size is no multiple of the ranks (each bucket's zig-zag gives
+    /// every rank ⌊n_b/r⌋ or ⌈n_b/r⌉), loads by at most the sum of the buckets' largest
+    /// costs (the zig-zag bound per bucket; a bucket that starts backward is a mirrored
+    /// zig-zag), each rank runs its microbatches bucket by bucket, dearest first, and one
+    /// bucket is plain zig-zag.
+    #[test]
+    fn zigzag_buckets_balance_bucket_by_bucket(
+        costs in prop::collection::vec(0u32..10_000, 0..120),
+        ranks in 1usize..8,
+        count in 1usize..6,
+    ) {
+        let costs: Vec<f64> = costs.into_iter().map(f64::from).collect();
+        let dealt = zigzag_buckets(&costs, ranks, count);
+        prop_assert_eq!(dealt.len(), ranks);
+        prop_assert!(is_permutation(&dealt, costs.len()));
+        let bins = buckets(&costs, count);
+        let partial = bins.iter().filter(|b| !b.len().is_multiple_of(ranks)).count();
+        let counts: Vec<usize> = dealt.iter().map(Vec::len).collect();
+        let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        prop_assert!(hi - lo <= partial, "counts {counts:?}, {partial} partial buckets");
+        let bound: f64 = bins.iter().map(|b| b.first().map_or(0.0, |&i| costs[i])).sum();
+        let load = loads(&costs, &dealt);
+        let spread = load.iter().copied().fold(f64::MIN, f64::max)
+            - load.iter().copied().fold(f64::MAX, f64::min);
+        prop_assert!(spread <= bound);
+        let bin_of: Vec<usize> = {
+            let mut b = vec![0; costs.len()];
+            for (j, bin) in bins.iter().enumerate() {
+                for &i in bin {
+                    b[i] = j;
+                }
+            }
+            b
+        };
+        for rank in &dealt {
+            prop_assert!(rank.windows(2).all(|w| bin_of[w[0]] <= bin_of[w[1]]
+                && (bin_of[w[0]] < bin_of[w[1]] || costs[w[0]] >= costs[w[1]])));
+        }
+        prop_assert_eq!(zigzag_buckets(&costs, ranks, 1), zigzag(&costs, ranks));
+    }
+
     /// Greedy partitioning (LPT) assigns each sample once, and its makespan lies between the
     /// lower bound (which no partition beats) and Graham's `(4/3 − 1/(3m))·OPT`, against an
     /// exhaustive optimum. Integer-valued costs keep the sums exact.
@@ -188,6 +281,67 @@ proptest! {
             prop_assert_eq!(sizes.len(), n);
             prop_assert!(sizes.iter().all(|&s| (1..=max).contains(&s)));
             prop_assert_eq!(&sizes, &generate(dist, n, seed));
+        }
+    }
+}
+
+proptest! {
+    // Thousands of cases: the reader is the crate's one door for untrusted input.
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// Thousands of mangled JSONL texts (byte flips, cuts, duplicated spans, huge or odd
+    /// numbers spliced in) are each parsed to samples or refused with an error, never a
+    /// panic; what parses stays within the documented limits.
+    #[test]
+    fn mangled_jsonl_never_panics(
+        lines in prop::collection::vec(valid_line(), 1..6),
+        edits in prop::collection::vec((0usize..7, any::<usize>(), any::<u8>(), 0usize..8), 0..6),
+    ) {
+        let unmangled = edits.is_empty();
+        let mut bytes = lines.join("\n").into_bytes();
+        const SPLICES: [&str; 8] = [
+            "1e400", "-0", "18446744073709551616", "4294967297", "NaN", "[[", "\"\\u0000\"",
+            "99999999999999999999999999999999999999.5",
+        ];
+        for (kind, at, byte, which) in edits {
+            let at = if bytes.is_empty() { 0 } else { at % (bytes.len() + 1) };
+            match kind {
+                0 if at < bytes.len() => bytes[at] = byte,
+                1 => bytes.truncate(at),
+                2 => {
+                    let span: Vec<u8> = bytes[at..].iter().take(usize::from(byte)).copied().collect();
+                    bytes.splice(at..at, span);
+                }
+                3 => { bytes.splice(at..at, SPLICES[which].bytes()); }
+                4 if at < bytes.len() => { bytes.remove(at); }
+                5 => {
+                    const PUNCT: &[u8] = b"{}[],:\"\n 0";
+                    bytes.insert(at, PUNCT[usize::from(byte) % PUNCT.len()]);
+                }
+                _ => { bytes.splice(at..at, b"\n".iter().copied()); }
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let result = parse_jsonl(&text, "fuzz.jsonl");
+        if unmangled {
+            prop_assert!(result.is_ok(), "{text:?}: {result:?}");
+        }
+        match result {
+            Ok(samples) => {
+                prop_assert!(!samples.is_empty());
+                for s in &samples {
+                    prop_assert!(s.text_tokens <= 1 << 24 && s.images.len() <= 1024);
+                    prop_assert!(s.images.iter().all(|&(h, w)| (1..=65_536).contains(&h) && (1..=65_536).contains(&w)));
+                    prop_assert!((0.0..=86_400.0).contains(&s.audio_seconds));
+                    prop_assert!(s.line >= 1);
+                }
+                let tok = Tokenizer::default();
+                if let Err(e) = token_counts(&samples, &tok) {
+                    let is_too_many = matches!(e, SamplesError::TooManyTokens { .. });
+                    prop_assert!(is_too_many);
+                }
+            }
+            Err(e) => prop_assert!(e.to_string().contains("fuzz.jsonl")),
         }
     }
 }

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use mosaic_compare::{compare, CompareError, CompareOptions, Strategy, StrategyResult};
+use mosaic_compare::{
+    compare, with_data, CompareError, CompareOptions, DataBatch, Strategy, StrategyResult,
+};
 use mosaic_plan::PlanError;
 use serde::Serialize;
 
-use crate::input::{BadInput, Loaded, Source};
+use crate::input::{BadInput, Loaded, Samples, Source};
 
 /// The value of the `format` field of `mosaic compare --json`.
 pub const COMPARE_FORMAT: &str = "mosaic-compare/1";
@@ -41,6 +43,11 @@ pub struct Args {
     /// the built-in model's batch on the cluster, unknown for --profiles).
     #[arg(long)]
     global_batch: Option<u32>,
+    /// A batch of variable-size samples: every row then includes data heterogeneity
+    /// (DistTrain and FlowTrain with their own batching policies, the others with shuffled
+    /// equal shares per module replica).
+    #[command(flatten)]
+    data: Samples,
 }
 
 /// The `--json` document.
@@ -91,7 +98,14 @@ pub fn run(args: Args) -> Result<()> {
         step_overhead_ms: args.step_overhead_ms,
         global_batch,
     };
-    let rows = compare(&input.model, input.gpus, &opts).map_err(|e| match e {
+    let batch = data_batch(&args.data, &input, global_batch)?;
+    let rows = compare(&input.model, input.gpus, &opts).and_then(|mut rows| {
+        if let Some(b) = &batch {
+            with_data(&mut rows, b)?;
+        }
+        Ok(rows)
+    });
+    let rows = rows.map_err(|e| match e {
         CompareError::NoGpus
         | CompareError::NoWholeGpu { .. }
         | CompareError::NoFit { .. }
@@ -113,7 +127,14 @@ pub fn run(args: Args) -> Result<()> {
         .flat_map(|m| m.options.iter().map(|o| o.dp))
         .max()
         .unwrap_or(1);
-    let notes = notes(&input, max_dp, global_batch);
+    let mut notes = notes(&input, max_dp, global_batch);
+    if let Some(b) = &batch {
+        notes.push(format!(
+            "data: {}, sample cost α·l² + β·l (α = {:.3e}, β = {:.3e} ms); times include data \
+             heterogeneity (each row's note says how)",
+            b.label, b.alpha, b.beta
+        ));
+    }
     if args.json {
         let info = InputInfo {
             label: &input.label,
@@ -130,6 +151,39 @@ pub fn run(args: Args) -> Result<()> {
         print!("{}", table(&input, &rows, mosaic_ms, &notes));
     }
     Ok(())
+}
+
+/// The batch of `--samples`/`--generate`, costed by the built-in model's backbone on the
+/// cluster's device, or Qwen3-VL's on an H100 for a profile file (said in the label).
+fn data_batch(
+    data: &Samples,
+    input: &Loaded,
+    global_batch: Option<u32>,
+) -> Result<Option<DataBatch>> {
+    let default_count = global_batch.map_or(1024, |b| b as usize);
+    let Some((sizes, source)) = data.load(default_count)? else {
+        return Ok(None);
+    };
+    let (spec, device) = match (&input.zoo_model, &input.cluster) {
+        (Some(m), Some(c)) => (mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?.device),
+        _ => (
+            mosaic_zoo::model("qwen3-vl")?,
+            mosaic_zoo::cluster("h100x8")?.device,
+        ),
+    };
+    let (cost, costed) = match super::data::sequence_cost(&spec, &device) {
+        Ok(c) => c,
+        // A model without an LLM (CLIP, ImageBind): Qwen3-VL's backbone sets the attention
+        // share of a sequence's cost.
+        Err(_) => super::data::sequence_cost(&mosaic_zoo::model("qwen3-vl")?, &device)?,
+    };
+    Ok(Some(DataBatch {
+        sizes,
+        alpha: cost.alpha_ms,
+        beta: cost.beta_ms,
+        seed: data.seed,
+        label: format!("{source}, costed as {costed}"),
+    }))
 }
 
 /// Refuses costs and batches that make no sense.

@@ -3,7 +3,6 @@
 pub mod bench;
 pub mod calibrate;
 pub mod compare;
-#[cfg(feature = "engine")]
 pub mod data;
 #[cfg(feature = "engine")]
 mod engine;
@@ -19,8 +18,6 @@ pub mod train;
 pub mod zoo;
 
 // A build without the engine still lists its commands, and refuses them saying how to rebuild.
-#[cfg(not(feature = "engine"))]
-pub use no_engine as data;
 #[cfg(not(feature = "engine"))]
 pub use no_engine as measure;
 #[cfg(not(feature = "engine"))]

@@ -1,4 +1,4 @@
-//! `mosaic data`: the data an engine model trains on, as files (`mosaic train --data`).
+//! `mosaic data write`: the data an engine model trains on, as files (`mosaic train --data`).
 
 use std::path::PathBuf;
 
@@ -7,20 +7,12 @@ use mosaic_engine::models;
 use mosaic_engine::models::data;
 use mosaic_engine::Device;
 
-use super::engine::{describe_fields, engine, one_process};
+use super::super::engine::{describe_fields, engine, one_process};
 use crate::input::check_output;
-
-/// Arguments of `mosaic data`: what it does with the data, and how.
-#[derive(clap::Subcommand, Debug)]
-pub enum Args {
-    /// Write the synthetic batches a training run would see as a safetensors file for
-    /// `mosaic train --data`: the format, and a file to replace with your own tensors.
-    Write(WriteArgs),
-}
 
 /// Arguments of `mosaic data write`.
 #[derive(clap::Args, Debug)]
-pub struct WriteArgs {
+pub(super) struct WriteArgs {
     /// A built-in engine model: clip-tiny or omni-tiny.
     #[arg(long)]
     model: String,
@@ -39,15 +31,8 @@ pub struct WriteArgs {
     seed: u64,
 }
 
-/// Runs `mosaic data`.
-pub fn run(args: Args) -> Result<()> {
-    match args {
-        Args::Write(w) => write(&w),
-    }
-}
-
-/// `mosaic data write`.
-fn write(args: &WriteArgs) -> Result<()> {
+/// Runs `mosaic data write`.
+pub fn run(args: &WriteArgs) -> Result<()> {
     one_process("mosaic data write")?;
     check_output("--out", &args.out)?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;

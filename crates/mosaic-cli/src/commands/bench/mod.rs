@@ -15,9 +15,37 @@ use mosaic_plan::synthetic::{random_profiles, zoo_shaped_profiles};
 use mosaic_plan::{solve, Plan, Search, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
 
-/// Arguments of `mosaic bench`.
+mod data;
+
+/// Arguments of `mosaic bench`: the planner's grid, or a verb.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    verb: Option<Verb>,
+    #[command(flatten)]
+    plan: PlanArgs,
+}
+
+/// What `mosaic bench` measures besides the planner.
+#[derive(clap::Subcommand, Debug)]
+enum Verb {
+    /// The data side: FlowTrain packing per global batch at 2K–32K tokens, DistTrain
+    /// reordering of 10⁴ samples.
+    Data(data::Args),
+}
+
+/// Runs `mosaic bench`.
+pub fn run(args: Args) -> Result<()> {
+    match args.verb {
+        Some(Verb::Data(a)) => data::run(&a),
+        None => run_plans(args.plan),
+    }
+}
+
+/// Arguments of the planner's grid.
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
     /// Solves per model; the median time is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     repeats: u64,
@@ -76,7 +104,7 @@ fn max(xs: &[f64]) -> f64 {
 }
 
 /// Plans every model and summarises.
-fn measure(generator: &str, models: &[PerfModel], gpus: u32, args: &Args) -> Result<Row> {
+fn measure(generator: &str, models: &[PerfModel], gpus: u32, args: &PlanArgs) -> Result<Row> {
     let opts = SolveOptions {
         search: Search::Auto,
         budget: Duration::from_millis(args.time_budget),
@@ -138,8 +166,8 @@ const GENERATORS: [(&str, Generator); 2] = [
     ("zoo-shaped", zoo_shaped_profiles),
 ];
 
-/// Runs `mosaic bench`.
-pub fn run(args: Args) -> Result<()> {
+/// The planner's grid, then the zoo's models, then StageEval alone.
+fn run_plans(args: PlanArgs) -> Result<()> {
     let mut rows = Vec::new();
     for (name, generate) in GENERATORS {
         for &modules in &args.modules {
@@ -231,7 +259,7 @@ struct StageRow {
 
 /// Times StageEval alone on the widest stage of the zoo: all of a model's source modules
 /// (those with no producer) sharing the pool, solved from scratch each time.
-fn stage_eval_rows(args: &Args) -> Result<Vec<StageRow>> {
+fn stage_eval_rows(args: &PlanArgs) -> Result<Vec<StageRow>> {
     let mut rows = Vec::new();
     for name in ["imagebind", "ofasys"] {
         let spec = mosaic_zoo::model(name)?;
