@@ -32,6 +32,7 @@ enum Command {
     /// Run the paper's headline experiments: every zoo model, every strategy, 8 and 32 H100s.
     Report(commands::report::Args),
     /// Measure planning speed and GAHC's quality against the exact search.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench(commands::bench::Args),
     /// Compare Mosaic with Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain on the same profiles and cluster.
     Compare(commands::compare::Args),
@@ -49,6 +50,7 @@ enum Command {
     #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
     Measure(commands::measure::Args),
     /// Simulate the peers' batching policies on variable-size samples (DP × PP, 1F1B), or write an engine model's data (`data write`).
+    #[command(args_conflicts_with_subcommands = true)]
     Data(commands::data::Args),
 }
 

@@ -379,7 +379,9 @@ fn trains_on_the_users_tensors() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("image [16, 16] f32, text [6] ids < 64"),
+        stderr(&o).contains(
+            "image [16, 16] f32, text [16] ids < 64, text_len [] lengths of text, 1 to 16 (optional)"
+        ),
         "{}",
         stderr(&o)
     );
@@ -459,7 +461,7 @@ fn bad_uses_of_the_engine_verbs_exit_2_naming_what_is_wrong() {
         ("train plan --model clip-tiny".to_string(), "plan"),
         ("data read --model clip-tiny".into(), "read"),
         ("measure weights --model clip-tiny".into(), "weights"),
-        ("data".into(), "Usage"),
+        ("data".into(), "--generate"),
         ("measure".into(), "Usage"),
         // Missing required flags.
         (format!("train template --out {out}"), "--model"),

@@ -30,6 +30,9 @@
 //!   from [`models::nn`] layers that pass gradients (candle's fused norms and softmax do not)
 //!   into a DAG of modules ([`models::model`]); [`models::data`] holds what a batch is, and
 //!   reads the user's own tensors instead.
+//! - [`runtime::feed`]: preprocessing off the training path (DistTrain §4): encoded images
+//!   decoded, resized and captions tokenised in producer processes that send each batch,
+//!   reordered for the data-parallel ranks, over a Unix socket (or on the trainer's thread).
 //! - [`runtime::schedule`]: a plan checked against a model becomes a [`Schedule`]: stages of
 //!   placements (the plan's resolved assignment, and the module's slot threads).
 //! - [`runtime::slot`]: execution slots — on CPU a thread pool of `round(quota × cores)` threads

@@ -67,9 +67,12 @@ pub fn describe_fields(fields: &[Field]) -> String {
         .iter()
         .map(|f| {
             let dims: Vec<String> = f.dims.iter().map(ToString::to_string).collect();
-            let kind = match f.kind {
-                Kind::Real => "f32".to_string(),
-                Kind::Index(n) => format!("ids < {n}"),
+            let kind = match (f.kind, f.lengths_of) {
+                (Kind::Index(n), Some(of)) => {
+                    format!("lengths of {of}, 1 to {} (optional)", n.saturating_sub(1))
+                }
+                (Kind::Real, _) => "f32".to_string(),
+                (Kind::Index(n), None) => format!("ids < {n}"),
             };
             format!("{} [{}] {kind}", f.name, dims.join(", "))
         })

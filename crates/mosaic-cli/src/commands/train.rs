@@ -9,11 +9,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use mosaic_engine::measure::available_cores;
+use mosaic_engine::models::model::Input;
 use mosaic_engine::models::{self, TensorFile};
 use mosaic_engine::runtime::checkpoint;
+use mosaic_engine::runtime::feed::{self, FeedConfig, FeedOptions};
 use mosaic_engine::{
-    sequential_plan, AdamWConfig, Collective, Device, InProcess, Model, StepReport, TrainConfig,
-    Trainer,
+    sequential_plan, AdamWConfig, Collective, Device, InProcess, Model, Schedule, StepReport,
+    TrainConfig, Trainer,
 };
 use serde_json::json;
 
@@ -36,6 +38,20 @@ enum Verb {
     /// Write the plan `mosaic train` follows without --plan (plain data parallelism), as a
     /// mosaic-plan/1 file to edit and pass to --plan.
     Template(TemplateArgs),
+    /// A preprocessing producer (started by `mosaic train --producers K`, not by hand).
+    #[command(hide = true)]
+    Produce(ProduceArgs),
+}
+
+/// Arguments of `mosaic train produce`, the producer process a run with `--producers` starts.
+#[derive(clap::Args, Debug)]
+struct ProduceArgs {
+    /// The trainer's Unix socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// This producer's index: it makes the steps s with s mod K = index.
+    #[arg(long)]
+    worker: u32,
 }
 
 /// Arguments of a training run.
@@ -84,7 +100,28 @@ struct RunArgs {
     /// read in order and cycled.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Train on real encoded images instead (models with one image and one text input:
+    /// clip-tiny): each sample holds 1 to N PNG/JPEG images, drawn per sample, decoded, resized
+    /// to the model's input and averaged, and a caption tokenised into its text (1–64).
+    #[arg(long, value_name = "N", conflicts_with = "data",
+          value_parser = clap::value_parser!(u32).range(1..=feed::MAX_IMAGES_PER_SAMPLE as i64))]
+    images_per_sample: Option<u32>,
+    /// Side of those encoded images in pixels (8–4096; default 256 when the image data is on).
+    #[arg(long, value_name = "PX", conflicts_with = "data",
+          value_parser = clap::value_parser!(u32)
+              .range(feed::MIN_RESOLUTION as i64..=feed::MAX_RESOLUTION as i64))]
+    image_resolution: Option<u32>,
+    /// Preprocess those images in K producer processes (this binary, re-executed) that run up
+    /// to 4 steps ahead and send each batch reordered for the data-parallel ranks over a Unix
+    /// socket; 0 preprocesses on the training thread (0–64; default 0 when the image data is
+    /// on).
+    #[arg(long, value_name = "K", conflicts_with = "data",
+          value_parser = clap::value_parser!(u64).range(0..=feed::MAX_PRODUCERS as u64))]
+    producers: Option<u64>,
 }
+
+/// Default `--image-resolution`.
+const DEFAULT_RESOLUTION: u32 = 256;
 
 /// Arguments of `mosaic train template`.
 #[derive(clap::Args, Debug)]
@@ -105,6 +142,7 @@ struct TemplateArgs {
 pub fn run(args: Args) -> Result<()> {
     match (args.verb, args.run) {
         (Some(Verb::Template(t)), _) => template(&t),
+        (Some(Verb::Produce(p)), _) => produce(&p),
         (None, Some(run)) => train(&run),
         (None, None) => Err(BadInput("--model: give a built-in engine model".into()).into()),
     }
@@ -135,6 +173,12 @@ fn template(args: &TemplateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `mosaic train produce`: one preprocessing producer, until its trainer hangs up.
+fn produce(args: &ProduceArgs) -> Result<()> {
+    feed::produce(&args.socket, args.worker)
+        .with_context(|| format!("preprocessing producer {}", args.worker))
+}
+
 /// Who talks: only rank 0, as JSON lines or as text; the other ranks train silently beside it.
 #[derive(Clone, Copy)]
 struct Voice {
@@ -160,8 +204,9 @@ fn train(args: &RunArgs) -> Result<()> {
         quiet: rank != 0,
     };
     let cores = available_cores();
-    let model = load_model(args)?;
+    let mut model = load_model(args)?;
     let schedule = schedule(&model, args.plan.as_deref(), world, args.batch, cores)?;
+    let producers = attach_feed(args, &mut model, &schedule)?;
     let config = TrainConfig {
         batch: args.batch,
         adamw: AdamWConfig {
@@ -173,7 +218,7 @@ fn train(args: &RunArgs) -> Result<()> {
     let mut trainer =
         Trainer::with_collective(model, schedule, config, collective).map_err(engine)?;
     let resumed_from = resume(&mut trainer, args.checkpoint_dir.as_deref())?;
-    announce(args, &trainer, resumed_from, cores, voice);
+    announce(args, &trainer, resumed_from, cores, &producers, voice);
     let steps = train_steps(args, &mut trainer, voice)?;
     if !voice.quiet {
         conclude(args, &trainer, resumed_from, &steps, voice);
@@ -189,6 +234,71 @@ fn load_model(args: &RunArgs) -> Result<Model> {
         model.data = Box::new(file);
     }
     Ok(model)
+}
+
+/// With `--images-per-sample`, `--image-resolution` or `--producers`, replaces the model's
+/// data by the image feed, reordered for the data-parallel degree of the module reading the
+/// image; returns the producers' process ids.
+fn attach_feed(args: &RunArgs, model: &mut Model, schedule: &Schedule) -> Result<Vec<u32>> {
+    if args.images_per_sample.is_none()
+        && args.image_resolution.is_none()
+        && args.producers.is_none()
+    {
+        return Ok(Vec::new());
+    }
+    let fields = model.data.fields();
+    let config = FeedConfig::for_fields(
+        &fields,
+        args.seed,
+        args.images_per_sample.unwrap_or(1),
+        args.image_resolution.unwrap_or(DEFAULT_RESOLUTION),
+        1,
+    )
+    .map_err(engine)?;
+    let reader = (model.modules.iter()).position(|m| {
+        m.inputs
+            .iter()
+            .any(|i| matches!(i, Input::Data(n) if *n == config.image.name))
+    });
+    let dp = reader.map_or(1, |m| schedule.placement(m).dp());
+    let config = FeedConfig {
+        dp: u32::try_from(dp).unwrap_or(u32::MAX),
+        ..config
+    };
+    let launcher = feed::Launcher::mosaic().context("cannot find this mosaic binary")?;
+    let producers = args.producers.unwrap_or(0) as usize;
+    let f = feed::feed(
+        config,
+        &fields,
+        producers,
+        &launcher,
+        FeedOptions::default(),
+    )
+    .map_err(engine)?;
+    model.data = f.source;
+    Ok(f.pids)
+}
+
+/// What the run trains on, in words.
+fn data_name(args: &RunArgs, producers: &[u32]) -> String {
+    if let Some(p) = &args.data {
+        return p.display().to_string();
+    }
+    if args.images_per_sample.is_none()
+        && args.image_resolution.is_none()
+        && args.producers.is_none()
+    {
+        return "synthetic".into();
+    }
+    format!(
+        "encoded-image (1–{} images of {px}×{px} px a sample, preprocessed {})",
+        args.images_per_sample.unwrap_or(1),
+        match producers.len() {
+            0 => "in the training process".to_string(),
+            k => format!("by {k} producer process(es)"),
+        },
+        px = args.image_resolution.unwrap_or(DEFAULT_RESOLUTION),
+    )
 }
 
 /// Refuses, before training, a `--checkpoint-dir` no checkpoint can be written to: a file, a
@@ -217,13 +327,17 @@ fn resume(trainer: &mut Trainer, dir: Option<&Path>) -> Result<Option<u64>> {
 }
 
 /// What the run is: the `start` event, or one line on standard error.
-fn announce(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, cores: usize, v: Voice) {
+fn announce(
+    args: &RunArgs,
+    trainer: &Trainer,
+    resumed_from: Option<u64>,
+    cores: usize,
+    producers: &[u32],
+    v: Voice,
+) {
     let m = trainer.model();
     let world = trainer.collective().world();
-    let data_name = args
-        .data
-        .as_ref()
-        .map_or("synthetic".to_string(), |p| p.display().to_string());
+    let data_name = data_name(args, producers);
     if v.json {
         let params: Vec<_> = m
             .modules
@@ -235,7 +349,7 @@ fn announce(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, cores:
             "steps": args.steps, "cores": cores, "schedule": trainer.schedule(),
             "collective": trainer.collective().name(), "ranks": world, "modules": params,
             "slots_created": trainer.slots_created(), "resumed_from": resumed_from,
-            "data": data_name,
+            "data": data_name, "producers": producers,
         });
         println!("{start}");
     } else if !v.quiet {

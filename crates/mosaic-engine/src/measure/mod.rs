@@ -18,6 +18,8 @@
 //!   data the interference coefficients of Eq. 8 are fitted to (`mosaic fit`).
 //! - `files`: both as the typed `mosaic-profiles/1` and `mosaic-colocations/1` values
 //!   ([`profile_file`], [`colocation_file`]).
+//! - `preprocess`: preprocessing in the training process against in producer processes
+//!   ([`measure_preprocess`], DistTrain's Fig. 21; see [`crate::runtime::feed`]).
 //! - `slots`: the slot pool's benchmark, pooled against on-demand slots ([`bench_slots`],
 //!   [`matmul_in_slots`]; on a GPU, [`bench_gpu_slots`], whose CUDA part is `gpu_slots`).
 
@@ -27,6 +29,7 @@ mod files;
 #[cfg(feature = "cuda")]
 mod gpu_slots;
 mod machine;
+mod preprocess;
 mod profiler;
 mod slots;
 mod sweep;
@@ -38,6 +41,7 @@ pub use machine::{
     available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
     MAX_QUOTA_STEPS, UNDISTURBED,
 };
+pub use preprocess::{measure_preprocess, PreprocessConfig, PreprocessRow, PreprocessRun};
 pub use profiler::{dp_grid, ProfileConfig, Profiler, Timing};
 pub use slots::{
     bench_gpu_slots, bench_slots, matmul_in_slots, GpuSlotBench, MatmulInSlot, ModeFigures,

@@ -6,9 +6,12 @@
 //!
 //! Data: every sample has three latent attributes, each one of 8 values (512 combinations).
 //! The image (16×16) is the sum of one fixed random pattern per attribute value (σ 0.5) plus
-//! noise (σ 0.2); the text (6 tokens) spells the attributes as tokens `8j + a_j` at even
-//! positions, random filler tokens between them, and an end-of-text token last. The towers have to learn
-//! both encodings to match pairs, so the loss falls from ln(batch).
+//! noise (σ 0.2); the text has a skewed length (log-normal, median 6 tokens, 4 to 16; the
+//! `text_len` field) and spells the attributes as tokens `8j + a_j`, in order and repeated
+//! over its length (a quarter of the repeats random filler tokens), with an end-of-text token
+//! last; the text tower reads that
+//! last token (samples packed, see [`super::packed`]). The towers have to learn both encodings
+//! to match pairs, so the loss falls from ln(batch).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -17,7 +20,7 @@ use mosaic_kit::rng::SplitMix64;
 use super::data::{Batch, DataSource, Field, Kind};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
 use super::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
-use super::towers::{Pool, TextTower, Vit};
+use super::towers::{Pool, TextLayout, TextTower, Vit};
 
 const DIMS: BlockDims = BlockDims {
     dim: 32,
@@ -29,9 +32,20 @@ const SIDE: usize = 16;
 const PATCH: usize = 4;
 const ATTRS: usize = 3;
 const VALUES: usize = 8;
-const TEXT_LEN: usize = 2 * ATTRS;
+/// The text tower's length: the longest text.
+const TEXT_LEN: usize = 16;
+/// The shortest text: the attributes and the end-of-text token.
+const TEXT_MIN: u32 = ATTRS as u32 + 1;
+/// The texts' lengths: skewed, most short, a few full.
+const TEXT_LENGTHS: mosaic_data::Distribution = mosaic_data::Distribution::LogNormal {
+    median: 6.0,
+    sigma: 0.6,
+    max: TEXT_LEN as u32,
+};
 const VOCAB: usize = 64;
 const EOT: u32 = VOCAB as u32 - 1;
+/// What follows a text's end (a filler; never read: the tower masks it).
+const PAD: u32 = (ATTRS * VALUES) as u32;
 /// Joint embedding width.
 const EMBED: usize = 32;
 
@@ -92,11 +106,19 @@ impl DataSource for ClipData {
                 name: "image",
                 dims: vec![SIDE, SIDE],
                 kind: Kind::Real,
+                lengths_of: None,
             },
             Field {
                 name: "text",
                 dims: vec![TEXT_LEN],
                 kind: Kind::Index(VOCAB as u32),
+                lengths_of: None,
+            },
+            Field {
+                name: "text_len",
+                dims: vec![],
+                kind: Kind::Index(TEXT_LEN as u32 + 1),
+                lengths_of: Some("text"),
             },
         ]
     }
@@ -105,7 +127,12 @@ impl DataSource for ClipData {
         let mut rng = SplitMix64::stream(self.seed, "clip-tiny/batch", step);
         let mut images = Vec::with_capacity(batch * SIDE * SIDE);
         let mut tokens = Vec::with_capacity(batch * TEXT_LEN);
-        for _ in 0..batch {
+        let lengths: Vec<u32> = mosaic_data::generate(TEXT_LENGTHS, batch, rng.next_u64())
+            .into_iter()
+            .map(|l| l.max(TEXT_MIN))
+            .collect();
+        let fillers = u64::from(EOT) - (ATTRS * VALUES) as u64;
+        for &len in &lengths {
             let attrs: Vec<usize> = (0..ATTRS)
                 .map(|_| rng.below(VALUES as u64) as usize)
                 .collect();
@@ -116,14 +143,20 @@ impl DataSource for ClipData {
                         .map(|j| self.patterns[j][attrs[j]][p])
                         .sum::<f32>()
             }));
-            for (j, &a) in attrs.iter().enumerate() {
-                tokens.push((VALUES * j + a) as u32);
-                if j + 1 < ATTRS {
-                    let fillers = (EOT as u64) - (ATTRS * VALUES) as u64;
-                    tokens.push((ATTRS * VALUES) as u32 + rng.below(fillers) as u32);
-                }
+            // The attributes in order, repeated over the text (a filler now and then), and
+            // the end token last.
+            let body = len as usize - 1;
+            for p in 0..TEXT_LEN {
+                tokens.push(if p == body {
+                    EOT
+                } else if p > body {
+                    PAD
+                } else if p >= ATTRS && rng.chance(0.25) {
+                    (ATTRS * VALUES) as u32 + rng.below(fillers) as u32
+                } else {
+                    (VALUES * (p % ATTRS) + attrs[p % ATTRS]) as u32
+                });
             }
-            tokens.push(EOT);
         }
         let mut b = Batch::default();
         b.tensors.insert(
@@ -132,12 +165,15 @@ impl DataSource for ClipData {
         );
         b.tensors
             .insert("text", Tensor::from_vec(tokens, (batch, TEXT_LEN), device)?);
+        b.tensors
+            .insert("text_len", Tensor::from_vec(lengths, batch, device)?);
         Ok(b)
     }
 }
 
-/// Builds `clip-tiny` with parameters and data drawn from `seed`.
-pub fn build(seed: u64, device: &Device) -> Result<Model> {
+/// Builds `clip-tiny` with parameters and data drawn from `seed`, its text tower running
+/// texts as `layout` says.
+pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
     let pb = |name: &str| {
         ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
     };
@@ -154,10 +190,10 @@ pub fn build(seed: u64, device: &Device) -> Result<Model> {
     };
 
     let mut p = pb("text");
-    let text = TextTower::new(&mut p, VOCAB, TEXT_LEN, DIMS, true, Pool::Last)?;
+    let text = TextTower::new(&mut p, VOCAB, TEXT_LEN, DIMS, true, Pool::Last)?.with_layout(layout);
     let text = Module {
         name: "text",
-        inputs: vec![Input::Data("text")],
+        inputs: vec![Input::Data("text"), Input::Data("text_len")],
         coupling: Coupling::Sharded,
         output: Output::Activation,
         params: p.finish(),

@@ -52,13 +52,21 @@ pub struct Field {
     pub dims: Vec<usize>,
     /// Its values.
     pub kind: Kind,
+    /// `Some(field)` for per-sample lengths of that token field (`dims` empty, one integer
+    /// `1..=` its width per sample; tokens past it are padding). A file may leave such a field
+    /// out: every sample is then full length.
+    pub lengths_of: Option<&'static str>,
 }
 
 impl Field {
     fn describe(&self) -> String {
-        let kind = match self.kind {
-            Kind::Real => "real".to_string(),
-            Kind::Index(n) => format!("integer ids below {n}"),
+        let kind = match (self.kind, self.lengths_of) {
+            (Kind::Index(n), Some(of)) => format!(
+                "lengths 1 to {} of `{of}` (optional: absent, every sample is full length)",
+                n.saturating_sub(1)
+            ),
+            (Kind::Real, _) => "real".to_string(),
+            (Kind::Index(n), None) => format!("integer ids below {n}"),
         };
         format!("{} {} of {kind}", self.name, batch_shape(&self.dims))
     }
@@ -117,10 +125,18 @@ impl TensorFile {
         })?;
         let mut tensors = BTreeMap::new();
         let mut samples: Option<(usize, &str)> = None;
+        let mut absent = Vec::new();
         for f in fields {
-            let t = found
-                .remove(f.name)
-                .ok_or_else(|| bad(f.name, format!("missing; the model expects {}", expected())))?;
+            let Some(t) = found.remove(f.name) else {
+                if f.lengths_of.is_some() {
+                    absent.push(f);
+                    continue;
+                }
+                return Err(bad(
+                    f.name,
+                    format!("missing; the model expects {}", expected()),
+                ));
+            };
             let (&n, sample) = t.dims().split_first().ok_or_else(|| {
                 bad(
                     f.name,
@@ -150,7 +166,21 @@ impl TensorFile {
                 }
                 Some(_) => {}
             }
-            let t = convert(&t, f.kind).map_err(|m| bad(f.name, m))?;
+            let t = match (f.lengths_of, f.kind) {
+                (Some(of), Kind::Index(bound)) => lengths(&t, of, bound.saturating_sub(1)),
+                _ => convert(&t, f.kind),
+            }
+            .map_err(|m| bad(f.name, m))?;
+            tensors.insert(f.name, t);
+        }
+        // Lengths a file leaves out: every sample full length.
+        for f in absent {
+            let (Some((n, _)), Kind::Index(bound)) = (samples, f.kind) else {
+                continue;
+            };
+            let full = vec![bound.saturating_sub(1); n];
+            let t =
+                Tensor::from_vec(full, n, &Device::Cpu).map_err(|e| bad(f.name, e.to_string()))?;
             tensors.insert(f.name, t);
         }
         if let Some(extra) = found.keys().next() {
@@ -178,6 +208,36 @@ impl TensorFile {
     }
 }
 
+/// The values of an integer tensor, or why it is not one (`what` says what was expected).
+fn integers(t: &Tensor, what: &str) -> std::result::Result<Vec<i64>, String> {
+    if !matches!(
+        t.dtype(),
+        DType::U8 | DType::U32 | DType::I64 | DType::I32 | DType::I16
+    ) {
+        return Err(format!(
+            "dtype {:?}, expected {what} (u32 or i64)",
+            t.dtype()
+        ));
+    }
+    t.flatten_all()
+        .and_then(|f| f.to_dtype(DType::I64))
+        .and_then(|f| f.to_vec1())
+        .map_err(|e| e.to_string())
+}
+
+/// Per-sample lengths of field `of` (`1..=max`) as u32, or why they are not.
+fn lengths(t: &Tensor, of: &str, max: u32) -> std::result::Result<Tensor, String> {
+    let values = integers(t, &format!("lengths of `{of}`"))?;
+    if let Some((i, v)) = (values.iter().enumerate()).find(|(_, &v)| v < 1 || v > max as i64) {
+        return Err(format!(
+            "sample {i} has length {v}; a length of `{of}` must be 1 to {max}"
+        ));
+    }
+    let n = values.len();
+    let values: Vec<u32> = values.into_iter().map(|v| v as u32).collect();
+    Tensor::from_vec(values, n, &Device::Cpu).map_err(|e| e.to_string())
+}
+
 /// `t` as the dtype of `kind`, or why it cannot be.
 fn convert(t: &Tensor, kind: Kind) -> std::result::Result<Tensor, String> {
     let msg = |e: candle_core::Error| e.to_string();
@@ -188,20 +248,7 @@ fn convert(t: &Tensor, kind: Kind) -> std::result::Result<Tensor, String> {
             other => Err(format!("dtype {other:?}, expected real numbers (f32)")),
         },
         Kind::Index(bound) => {
-            if !matches!(
-                t.dtype(),
-                DType::U8 | DType::U32 | DType::I64 | DType::I32 | DType::I16
-            ) {
-                return Err(format!(
-                    "dtype {:?}, expected integer ids below {bound} (u32 or i64)",
-                    t.dtype()
-                ));
-            }
-            let values = t
-                .flatten_all()
-                .and_then(|f| f.to_dtype(DType::I64))
-                .map_err(msg)?;
-            let values: Vec<i64> = values.to_vec1().map_err(msg)?;
+            let values = integers(t, &format!("integer ids below {bound}"))?;
             if let Some((i, v)) = values
                 .iter()
                 .enumerate()
@@ -348,7 +395,8 @@ mod tests {
         let d = dir("bad");
         let dev = Device::Cpu;
         let image = Tensor::zeros((4, 16, 16), DType::F32, &dev).unwrap();
-        let text = Tensor::zeros((4, 6), DType::U32, &dev).unwrap();
+        let text = Tensor::zeros((4, 16), DType::U32, &dev).unwrap();
+        let len = |v: f64| (Tensor::ones(4, DType::U32, &dev).unwrap() * v).unwrap();
         // (file name, its tensors, the error expected)
         type Case<'a> = (&'a str, Vec<(&'a str, Tensor)>, &'a str);
         let cases: Vec<Case> = vec![
@@ -363,13 +411,13 @@ mod tests {
                     ("image", image.clone()),
                     ("text", Tensor::zeros((4, 7), DType::U32, &dev).unwrap()),
                 ],
-                "field `text`: shape [4, 7], expected [N, 6]",
+                "field `text`: shape [4, 7], expected [N, 16]",
             ),
             (
                 "count",
                 vec![
                     ("image", image.clone()),
-                    ("text", Tensor::zeros((3, 6), DType::U32, &dev).unwrap()),
+                    ("text", Tensor::zeros((3, 16), DType::U32, &dev).unwrap()),
                 ],
                 "field `text`: 3 samples, but `image` has 4",
             ),
@@ -388,6 +436,42 @@ mod tests {
                     ("text", text.clone()),
                 ],
                 "field `image`: dtype U32, expected real numbers",
+            ),
+            (
+                "zero_length",
+                vec![
+                    ("image", image.clone()),
+                    ("text", text.clone()),
+                    ("text_len", len(0.0)),
+                ],
+                "field `text_len`: sample 0 has length 0; a length of `text` must be 1 to 16",
+            ),
+            (
+                "long",
+                vec![
+                    ("image", image.clone()),
+                    ("text", text.clone()),
+                    ("text_len", len(17.0)),
+                ],
+                "field `text_len`: sample 0 has length 17",
+            ),
+            (
+                "real_length",
+                vec![
+                    ("image", image.clone()),
+                    ("text", text.clone()),
+                    ("text_len", image.flatten_from(1).unwrap().sum(1).unwrap()),
+                ],
+                "field `text_len`: dtype F32, expected lengths of `text`",
+            ),
+            (
+                "length_shape",
+                vec![
+                    ("image", image.clone()),
+                    ("text", text.clone()),
+                    ("text_len", text.clone()),
+                ],
+                "field `text_len`: shape [4, 16], expected [N]",
             ),
             (
                 "extra",
@@ -416,6 +500,17 @@ mod tests {
                 "{name}"
             );
         }
+        // Without lengths, every text is full length.
+        let path = d.join("no_lengths.safetensors");
+        let map: std::collections::HashMap<String, Tensor> = [
+            ("image".to_string(), image.clone()),
+            ("text".to_string(), text.clone()),
+        ]
+        .into();
+        candle_core::safetensors::save(&map, &path).unwrap();
+        let file = TensorFile::load(&path, &fields).unwrap();
+        let b = file.batch(0, 4, &dev).unwrap();
+        assert_eq!(b.tensors["text_len"].to_vec1::<u32>().unwrap(), [16; 4]);
         std::fs::write(d.join("junk.safetensors"), b"not a tensor file").unwrap();
         let e = TensorFile::load(&d.join("junk.safetensors"), &fields).unwrap_err();
         assert!(

@@ -6,19 +6,23 @@
 //! The built-in models are not the zoo's analytical models: they are tiny (width 32, one or two
 //! blocks per module) so that they train in milliseconds on a CPU, but they have the zoo
 //! models' module structure, so that plans place them the same way. Each brings its synthetic
-//! data ([`DataSource`]); [`data::TensorFile`] reads the user's own tensors instead.
+//! data ([`DataSource`]); [`data::TensorFile`] reads the user's own tensors instead. Texts have
+//! per-sample lengths and are packed FlowTrain-style with block-diagonal attention masks
+//! ([`packed`]).
 
 mod clip;
 pub mod data;
 pub mod model;
 pub mod nn;
 mod omni;
-mod towers;
+pub mod packed;
+pub mod towers;
 
 use candle_core::Device;
 
 pub use self::data::{Batch, DataSource, Field, Kind, TensorFile};
 pub use self::model::{Model, Module, Net};
+pub use self::towers::TextLayout;
 use crate::error::EngineError;
 
 /// `(name, description)` of every built-in engine model.
@@ -34,11 +38,23 @@ pub const MODELS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Builds the built-in model `name` with parameters and data drawn from `seed`.
+/// Builds the built-in model `name` with parameters and data drawn from `seed`; its texts are
+/// packed ([`TextLayout::Packed`]).
 pub fn build(name: &str, seed: u64, device: &Device) -> Result<Model, EngineError> {
+    build_with(name, seed, device, TextLayout::Packed)
+}
+
+/// [`build`], with the text tower running texts as `layout` says: the same parameters and
+/// data, and the same mathematics, either way.
+pub fn build_with(
+    name: &str,
+    seed: u64,
+    device: &Device,
+    layout: TextLayout,
+) -> Result<Model, EngineError> {
     let model = match name.to_ascii_lowercase().as_str() {
-        "clip-tiny" => clip::build(seed, device),
-        "omni-tiny" => omni::build(seed, device),
+        "clip-tiny" => clip::build(seed, device, layout),
+        "omni-tiny" => omni::build(seed, device, layout),
         _ => {
             return Err(EngineError::UnknownModel {
                 name: name.to_string(),

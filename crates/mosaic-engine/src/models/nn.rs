@@ -209,6 +209,14 @@ impl Attention {
 
     /// `x`: `[batch, tokens, dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_masked(x, None)
+    }
+
+    /// `x`: `[batch, tokens, dim]`; `mask`, when given, is added to the attention scores and
+    /// broadcasts to `[batch, heads, tokens, tokens]` (`0` where a query may read a key,
+    /// [`MASKED`] where it may not; see [`super::packed`]). A causal layer also masks later
+    /// positions. A row masked everywhere gets uniform weights, never NaN.
+    pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t, dim) = x.dims3()?;
         let hd = dim / self.heads;
         let qkv = self
@@ -222,12 +230,16 @@ impl Attention {
         let mut scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
         if self.causal {
             let mask: Vec<f32> = (0..t)
-                .flat_map(|i| (0..t).map(move |j| if j > i { -1e9 } else { 0.0 }))
+                .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
                 .collect();
             let mask = Tensor::from_vec(mask, (t, t), x.device())?;
             scores = scores.broadcast_add(&mask)?;
         }
+        if let Some(mask) = mask {
+            scores = scores.broadcast_add(mask)?;
+        }
         // The generic softmax: composed ops, so it has a backward pass (softmax_last_dim has not).
+        // It subtracts the row maximum, so masked scores underflow to weights of exactly 0.
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let y = weights
             .matmul(&v)? // [b, heads, t, hd]
@@ -236,6 +248,11 @@ impl Attention {
         self.out.forward(&y)
     }
 }
+
+/// The additive attention mask's value where a query may not read a key: large and finite, so
+/// that a fully masked row stays finite (uniform weights) while a masked key next to an
+/// unmasked one gets a weight of exactly 0 (`exp(-1e9)` underflows in f32).
+pub const MASKED: f32 = -1e9;
 
 /// A pre-norm transformer block: `x + attn(ln(x))`, then `x + mlp(ln(x))` with a GELU MLP.
 #[derive(Debug, Clone)]
@@ -285,16 +302,27 @@ impl Block {
 
     /// `x`: `[batch, tokens, dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = (x + self.attn.forward(&self.ln1.forward(x)?)?)?;
+        self.forward_masked(x, None)
+    }
+
+    /// `x`: `[batch, tokens, dim]` with an additive attention mask (see
+    /// [`Attention::forward_masked`]).
+    pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let x = (x + self.attn.forward_masked(&self.ln1.forward(x)?, mask)?)?;
         let h = self.fc1.forward(&self.ln2.forward(&x)?)?.gelu()?;
         &x + self.fc2.forward(&h)?
     }
 }
 
 /// Runs a stack of blocks.
-pub fn run_blocks(blocks: &[Block], mut x: Tensor) -> Result<Tensor> {
+pub fn run_blocks(blocks: &[Block], x: Tensor) -> Result<Tensor> {
+    run_blocks_masked(blocks, x, None)
+}
+
+/// Runs a stack of blocks, every attention with the additive `mask`.
+pub fn run_blocks_masked(blocks: &[Block], mut x: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     for b in blocks {
-        x = b.forward(&x)?;
+        x = b.forward_masked(&x, mask)?;
     }
     Ok(x)
 }
@@ -311,4 +339,58 @@ pub fn one_hot(labels: &[u32], classes: usize, device: &Device) -> Result<Tensor
 /// Scalars of a rank-0 or rank-1 f32 tensor (for tests and logs).
 pub fn to_f32s(t: &Tensor) -> Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attention(causal: bool) -> Attention {
+        let mut pb = ParamBuilder::new(SplitMix64::new(3), &Device::Cpu);
+        Attention::new(&mut pb, "attn", 8, 2, causal).unwrap()
+    }
+
+    fn x(seed: u64) -> Tensor {
+        let v = SplitMix64::new(seed).normals(2 * 5 * 8, 1.0);
+        Tensor::from_vec(v, (2, 5, 8), &Device::Cpu).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        to_f32s(&t.flatten_all().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_zero_mask_changes_nothing_and_a_full_one_gives_no_nan() {
+        for causal in [false, true] {
+            let a = attention(causal);
+            let x = x(1);
+            let zero = Tensor::zeros((1, 1, 5, 5), DType::F32, &Device::Cpu).unwrap();
+            let plain = values(&a.forward(&x).unwrap());
+            assert_eq!(plain, values(&a.forward_masked(&x, Some(&zero)).unwrap()));
+            let full = (zero + f64::from(MASKED)).unwrap();
+            let out = values(&a.forward_masked(&x, Some(&full)).unwrap());
+            assert!(out.iter().all(|v| v.is_finite()));
+        }
+    }
+
+    #[test]
+    fn masked_keys_are_never_read() {
+        // Keys 3 and 4 of sample 0 masked: changing those tokens leaves queries 0..3 alone.
+        let a = attention(false);
+        let mut m = vec![0f32; 2 * 5];
+        m[3] = MASKED;
+        m[4] = MASKED;
+        let mask = Tensor::from_vec(m, (2, 1, 1, 5), &Device::Cpu).unwrap();
+        let x1 = x(1);
+        let x2 = Tensor::cat(
+            &[&x1.narrow(1, 0, 3).unwrap(), &x(2).narrow(1, 3, 2).unwrap()],
+            1,
+        )
+        .unwrap();
+        let first = |x: &Tensor| {
+            let y = a.forward_masked(x, Some(&mask)).unwrap();
+            values(&y.get(0).unwrap().narrow(0, 0, 3).unwrap())
+        };
+        assert_eq!(first(&x1), first(&x2));
+    }
 }

@@ -7,7 +7,10 @@
 //! Data: every sample has one binary attribute per modality; the label is the 3-bit number
 //! they spell (8 classes), so the backbone needs all three encoders. The image is a fixed
 //! random pattern of its attribute plus noise, the spectrogram likewise, and the text is
-//! random filler tokens with the attribute's token at a random position.
+//! random filler tokens with the attribute's token at a random position, of a skewed length
+//! (log-normal, median 4 of at most 8 tokens; the `text_len` field): the text tower packs the
+//! texts ([`super::packed`]) and returns zeros past each one's end, which the backbone masks
+//! and leaves out of its mean.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -16,9 +19,10 @@ use mosaic_kit::rng::SplitMix64;
 use super::data::{Batch, DataSource, Field, Kind};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
 use super::nn::{
-    log_softmax, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
+    log_softmax, one_hot, run_blocks_masked, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
 };
-use super::towers::{AudioTower, Pool, TextTower, Vit};
+use super::packed::{check_lengths, key_mask};
+use super::towers::{AudioTower, Pool, TextLayout, TextTower, Vit};
 
 const ENCODER: BlockDims = BlockDims {
     dim: 32,
@@ -39,6 +43,14 @@ const MELS: usize = 8;
 const TEXT_LEN: usize = 8;
 const VOCAB: usize = 32;
 const CLASSES: usize = 8;
+/// The texts' lengths: skewed, most short, a few full.
+const TEXT_LENGTHS: mosaic_data::Distribution = mosaic_data::Distribution::LogNormal {
+    median: 4.0,
+    sigma: 0.5,
+    max: TEXT_LEN as u32,
+};
+/// What follows a text's end (a filler; never read).
+const PAD: u32 = 2;
 
 /// The fusion transformer and its classifier; its replica's share of the mean cross-entropy.
 struct Backbone {
@@ -49,14 +61,30 @@ struct Backbone {
 }
 
 impl Net for Backbone {
-    /// Sharded: `inputs` are the shard's vision, audio and text sequences and labels.
+    /// Sharded: `inputs` are the shard's vision, audio and text sequences, labels and text
+    /// lengths; text tokens past a sample's length are masked and left out of the mean.
     fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor> {
         let tagged = (0..3)
             .map(|m| inputs[m].broadcast_add(&self.modality.get(m)?))
             .collect::<Result<Vec<_>>>()?;
         let x = Tensor::cat(&tagged.iter().collect::<Vec<_>>(), 1)?;
-        let x = self.ln.forward(&run_blocks(&self.blocks, x)?)?;
-        let logits = self.head.forward(&x.mean(1)?)?;
+        let (n, t, _) = x.dims3()?;
+        let lengths: Vec<u32> = inputs[4].to_vec1()?;
+        check_lengths(&lengths, TEXT_LEN)?;
+        // Every token but the text's padding: the first t − TEXT_LEN, then the text's own.
+        let head = t.checked_sub(TEXT_LEN).ok_or_else(|| {
+            candle_core::Error::Msg(format!("{t} tokens, fewer than the text's {TEXT_LEN}"))
+        })?;
+        let keys: Vec<u32> = lengths.iter().map(|&l| head as u32 + l).collect();
+        let mask = key_mask(&keys, t, x.device())?;
+        let x = self
+            .ln
+            .forward(&run_blocks_masked(&self.blocks, x, Some(&mask))?)?;
+        let weights: Vec<f32> = (keys.iter())
+            .flat_map(|&k| (0..t).map(move |p| if p < k as usize { 1.0 / k as f32 } else { 0.0 }))
+            .collect();
+        let weights = Tensor::from_vec(weights, (n, t, 1), x.device())?;
+        let logits = self.head.forward(&x.broadcast_mul(&weights)?.sum(1)?)?;
         let labels: Vec<u32> = inputs[3].to_vec1()?;
         let targets = one_hot(&labels, CLASSES, logits.device())?;
         (log_softmax(&logits)? * targets)?
@@ -77,6 +105,7 @@ impl DataSource for OmniData {
             name,
             dims,
             kind: Kind::Real,
+            lengths_of: None,
         };
         vec![
             real("audio", vec![FRAMES, MELS]),
@@ -85,11 +114,19 @@ impl DataSource for OmniData {
                 name: "label",
                 dims: vec![],
                 kind: Kind::Index(CLASSES as u32),
+                lengths_of: None,
             },
             Field {
                 name: "text",
                 dims: vec![TEXT_LEN],
                 kind: Kind::Index(VOCAB as u32),
+                lengths_of: None,
+            },
+            Field {
+                name: "text_len",
+                dims: vec![],
+                kind: Kind::Index(TEXT_LEN as u32 + 1),
+                lengths_of: Some("text"),
             },
         ]
     }
@@ -97,16 +134,19 @@ impl DataSource for OmniData {
     fn batch(&self, step: u64, batch: usize, device: &Device) -> Result<Batch> {
         let mut rng = SplitMix64::stream(self.seed, "omni-tiny/batch", step);
         let (mut image, mut audio, mut text, mut label) = (vec![], vec![], vec![], vec![]);
-        for _ in 0..batch {
+        let lengths = mosaic_data::generate(TEXT_LENGTHS, batch, rng.next_u64());
+        for &len in &lengths {
             let bits: Vec<usize> = (0..3).map(|_| rng.below(2) as usize).collect();
             let noise = rng.normals(SIDE * SIDE, 1.0);
             image.extend(self.image[bits[0]].iter().zip(&noise).map(|(p, n)| p + n));
             let noise = rng.normals(FRAMES * MELS, 1.0);
             audio.extend(self.audio[bits[1]].iter().zip(&noise).map(|(p, n)| p + n));
-            let at = rng.below(TEXT_LEN as u64) as usize;
+            let at = rng.below(u64::from(len)) as usize;
             for pos in 0..TEXT_LEN {
                 text.push(if pos == at {
                     bits[2] as u32
+                } else if pos >= len as usize {
+                    PAD
                 } else {
                     2 + rng.below(VOCAB as u64 - 2) as u32
                 });
@@ -125,12 +165,14 @@ impl DataSource for OmniData {
         );
         t.insert("text", Tensor::from_vec(text, (batch, TEXT_LEN), device)?);
         t.insert("label", Tensor::from_vec(label, batch, device)?);
+        t.insert("text_len", Tensor::from_vec(lengths, batch, device)?);
         Ok(b)
     }
 }
 
-/// Builds `omni-tiny` with parameters and data drawn from `seed`.
-pub fn build(seed: u64, device: &Device) -> Result<Model> {
+/// Builds `omni-tiny` with parameters and data drawn from `seed`, its text tower running
+/// texts as `layout` says.
+pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
     let pb = |name: &str| {
         ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
     };
@@ -153,8 +195,10 @@ pub fn build(seed: u64, device: &Device) -> Result<Model> {
     let audio = encoder("audio", "audio", Box::new(net), p);
 
     let mut p = pb("text");
-    let net = TextTower::new(&mut p, VOCAB, TEXT_LEN, ENCODER, false, Pool::Sequence)?;
-    let text = encoder("text", "text", Box::new(net), p);
+    let net = TextTower::new(&mut p, VOCAB, TEXT_LEN, ENCODER, false, Pool::Sequence)?
+        .with_layout(layout);
+    let mut text = encoder("text", "text", Box::new(net), p);
+    text.inputs.push(Input::Data("text_len"));
 
     let mut p = pb("backbone");
     let net = Backbone {
@@ -170,6 +214,7 @@ pub fn build(seed: u64, device: &Device) -> Result<Model> {
             Input::Module(1),
             Input::Module(2),
             Input::Data("label"),
+            Input::Data("text_len"),
         ],
         coupling: Coupling::Sharded,
         output: Output::Loss,

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod collective;
+pub mod feed;
 pub mod optim;
 pub mod schedule;
 pub mod slot;

@@ -18,8 +18,8 @@ use mosaic_profile::{Interference, PerfModel, ProfileFile};
 mod data;
 
 /// Arguments of `mosaic bench`: the planner's grid, or a verb.
+/// (`main.rs` keeps the grid's flags and the verbs apart.)
 #[derive(clap::Args, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
     #[command(subcommand)]
     verb: Option<Verb>,

@@ -14,7 +14,6 @@ use crate::input::{BadInput, Samples};
 
 /// Arguments of `mosaic data`: a simulation of the batching policies, or a verb.
 #[derive(clap::Args, Debug)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
     #[command(subcommand)]
     verb: Option<Verb>,
@@ -78,12 +77,12 @@ const MAX_DEGREE: u64 = 4096;
 struct SimulateArgs {
     #[command(flatten)]
     batch: Samples,
-    /// Data-parallel ranks.
+    /// Data-parallel ranks (required).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_DEGREE))]
-    dp: u64,
-    /// Pipeline stages per rank.
+    dp: Option<u64>,
+    /// Pipeline stages per rank (required).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_DEGREE))]
-    pp: u64,
+    pp: Option<u64>,
     /// Model chunks per pipeline stage (interleaved 1F1B; 1: plain 1F1B).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     vpp: u64,
@@ -181,7 +180,15 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
         BadInput("give a batch: --samples FILE (JSON Lines) or --generate text|interleaved".into())
     })?;
     let (cost, costed) = costs(&args.model, &args.device)?;
-    let (dp, pp, vpp) = (args.dp as usize, args.pp as usize, args.vpp as usize);
+    // Optional to clap so that `mosaic data write` needs neither (a verb cannot lift the
+    // requirements of flattened arguments).
+    let required = |v: Option<u64>, flag: &str| {
+        v.map(|v| v as usize).ok_or_else(|| {
+            BadInput(format!("{flag}: required, e.g. `mosaic data --generate text --dp 8 --pp 4`"))
+        })
+    };
+    let (dp, pp) = (required(args.dp, "--dp")?, required(args.pp, "--pp")?);
+    let vpp = args.vpp as usize;
     let microbatches = args.microbatches.map_or(2 * pp, |m| m as usize);
     let layout = Layout {
         dp,

@@ -1,8 +1,10 @@
 //! `mosaic measure`: the engine's measurements on this machine — a built-in engine model's
-//! profile (`profile`), its modules co-located (`colocations`), and execution slots pooled
-//! against created on demand (`slots`).
+//! profile (`profile`), its modules co-located (`colocations`), execution slots pooled
+//! against created on demand (`slots`), and image preprocessing in the training process against
+//! in producer processes (`preprocess`).
 
 mod colocations;
+mod preprocess;
 mod profile;
 mod slots;
 
@@ -27,6 +29,9 @@ pub enum Args {
     /// Measure stage transitions and step times with slots pooled before training against
     /// slots created on demand.
     Slots(slots::Args),
+    /// Measure step times with image decoding, resizing and tokenising in the training process
+    /// against in producer processes, at several resolutions and image counts.
+    Preprocess(preprocess::Args),
 }
 
 /// The settings a profile and colocations are measured with.
@@ -68,6 +73,7 @@ pub fn run(args: Args) -> Result<()> {
         Args::Profile(a) => profile::run(&a),
         Args::Colocations(a) => colocations::run(&a),
         Args::Slots(a) => slots::run(&a),
+        Args::Preprocess(a) => preprocess::run(&a),
     }
 }
 
