@@ -184,7 +184,9 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
     // requirements of flattened arguments).
     let required = |v: Option<u64>, flag: &str| {
         v.map(|v| v as usize).ok_or_else(|| {
-            BadInput(format!("{flag}: required, e.g. `mosaic data --generate text --dp 8 --pp 4`"))
+            BadInput(format!(
+                "{flag}: required, e.g. `mosaic data --generate text --dp 8 --pp 4`"
+            ))
         })
     };
     let (dp, pp) = (required(args.dp, "--dp")?, required(args.pp, "--pp")?);
