@@ -32,93 +32,15 @@ pub struct Schedule {
     pub bubble_fraction: f64,
 }
 
-#[derive(Clone, Copy)]
-enum Op {
-    F(usize),
-    B(usize),
-}
-
-/// The operation order of stage `s` of `p` under non-interleaved 1F1B with `m` microbatches.
-fn stage_order(s: usize, p: usize, m: usize) -> Vec<Op> {
-    let warm = (p - s - 1).min(m);
-    let mut ops: Vec<Op> = (0..warm).map(Op::F).collect();
-    for k in 0..m - warm {
-        ops.push(Op::F(warm + k));
-        ops.push(Op::B(k));
-    }
-    ops.extend((m - warm..m).map(Op::B));
-    ops
-}
-
 /// Simulates one iteration of non-interleaved 1F1B (see the module docs) with forward times
 /// `fwd[s][k]` and backward times `bwd[s][k]` of microbatch `k` on stage `s`.
 ///
-/// [`interleaved`] with one chunk gives the same schedule, checking its input instead.
+/// [`interleaved`] with one chunk, which returns its input errors instead of panicking.
 ///
 /// # Panics
 /// If `fwd` and `bwd` differ in shape or their rows differ in length, or a time is NaN.
 pub fn one_f_one_b(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Schedule {
-    let p = fwd.len();
-    assert_eq!(p, bwd.len(), "fwd and bwd have different stage counts");
-    let m = fwd.first().map_or(0, Vec::len);
-    assert!(
-        fwd.iter().chain(bwd).all(|row| row.len() == m),
-        "every stage needs the same number of microbatches"
-    );
-    let nan = vec![vec![f64::NAN; m]; p];
-    let (mut fwd_start, mut fwd_end) = (nan.clone(), nan.clone());
-    let (mut bwd_start, mut bwd_end) = (nan.clone(), nan);
-    let orders: Vec<Vec<Op>> = (0..p).map(|s| stage_order(s, p, m)).collect();
-    let mut next = vec![0usize; p];
-    let mut free = vec![0.0_f64; p];
-    let mut remaining = 2 * p * m;
-    while remaining > 0 {
-        let before = remaining;
-        for s in 0..p {
-            // Run stage s as far as its inputs allow.
-            while let Some(&op) = orders[s].get(next[s]) {
-                let ready = match op {
-                    Op::F(_) if s == 0 => Some(0.0),
-                    Op::F(k) => Some(fwd_end[s - 1][k]).filter(|t: &f64| !t.is_nan()),
-                    Op::B(k) if s + 1 == p => Some(fwd_end[s][k]),
-                    Op::B(k) => Some(bwd_end[s + 1][k]).filter(|t: &f64| !t.is_nan()),
-                };
-                let Some(ready) = ready else { break };
-                let start = ready.max(free[s]);
-                free[s] = match op {
-                    Op::F(k) => {
-                        fwd_start[s][k] = start;
-                        fwd_end[s][k] = start + fwd[s][k];
-                        fwd_end[s][k]
-                    }
-                    Op::B(k) => {
-                        // F(s, k) precedes B(s, k) in every stage's order, so it is done.
-                        bwd_start[s][k] = start.max(fwd_end[s][k]);
-                        bwd_end[s][k] = bwd_start[s][k] + bwd[s][k];
-                        bwd_end[s][k]
-                    }
-                };
-                next[s] += 1;
-                remaining -= 1;
-            }
-        }
-        assert!(remaining < before, "1F1B order deadlocked"); // cannot happen: see tests
-    }
-    let makespan = free.iter().copied().fold(0.0, f64::max);
-    let busy: f64 = fwd.iter().chain(bwd).flatten().sum();
-    let bubble_fraction = if makespan > 0.0 {
-        (1.0 - busy / (p as f64 * makespan)).max(0.0) // rounding can dip below 0
-    } else {
-        0.0
-    };
-    Schedule {
-        fwd_start,
-        fwd_end,
-        bwd_start,
-        bwd_end,
-        makespan,
-        bubble_fraction,
-    }
+    interleaved(fwd, bwd, 1).unwrap_or_else(|e| panic!("one_f_one_b: {e}"))
 }
 
 /// Why [`interleaved`] (or [`crate::policy::inter_reorder_vpp`]) refused its input.
