@@ -7,7 +7,6 @@
 mod chart;
 mod commands;
 mod input;
-mod render;
 
 use std::process::ExitCode;
 

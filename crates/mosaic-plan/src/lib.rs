@@ -41,6 +41,7 @@ pub mod nodes;
 pub mod order;
 mod plan;
 mod read;
+pub mod render;
 pub mod sequence;
 pub mod stage_eval;
 pub mod synthetic;

@@ -15,7 +15,6 @@ mod files;
 mod json;
 mod plan;
 mod profile;
-mod render;
 mod sim;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

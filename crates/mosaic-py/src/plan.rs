@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::profile::Profile;
-use crate::{detached, error, files, guarded, guarded_py, json, render};
+use crate::{detached, error, files, guarded, guarded_py, json};
 
 /// A temporal-spatial plan: a validated ``mosaic-plan/1`` document (the README's "File
 /// formats"): stages that run one after another on the whole pool, and in each stage every
@@ -200,7 +200,7 @@ impl Plan {
     }
 
     fn __str__(&self) -> PyResult<String> {
-        guarded(|| Ok(render::plan_text(&self.plan, &self.label))).map_err(error)
+        guarded(|| Ok(mosaic_plan::render::plan_table(&self.plan, &self.label))).map_err(error)
     }
 
     fn __repr__(&self) -> String {

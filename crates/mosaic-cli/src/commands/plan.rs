@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use mosaic_plan::render::plan_table;
 use mosaic_plan::{solve, Search, SolveOptions};
 
 use crate::input::Source;
-use crate::render;
 
 /// Arguments of `mosaic plan`.
 #[derive(clap::Args, Debug)]
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         print!("{json}");
     } else {
-        print!("{}", render::plan_table(&plan, &input.label));
+        print!("{}", plan_table(&plan, &input.label));
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use mosaic_sim::SimReport;
 
 use crate::input::{check_output, BadInput};
-use crate::render::gpu_ranges;
+use mosaic_plan::render::gpu_ranges;
 
 /// Arguments of `mosaic simulate`: a plan to execute, or a verb.
 #[derive(clap::Args, Debug)]

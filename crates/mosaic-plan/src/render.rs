@@ -1,8 +1,8 @@
-//! Human-readable tables.
+//! A plan as a human-readable table (what `mosaic plan` prints and Python's `str(plan)`).
 
 use std::fmt::Write;
 
-use mosaic_plan::Plan;
+use crate::Plan;
 
 /// GPU indices as compact ranges: `0-3,6`.
 pub fn gpu_ranges(gpus: &[u32]) -> String {
