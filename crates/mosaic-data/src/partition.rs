@@ -14,16 +14,36 @@
 /// If `groups` is 0.
 pub fn greedy_partition(costs: &[f64], groups: usize) -> Vec<Vec<usize>> {
     assert!(groups > 0, "partition into 0 groups");
+    greedy_partition_sized(costs, &vec![costs.len(); groups]).expect("every group has room")
+}
+
+/// [`greedy_partition`] into groups of bounded size: group `g` takes at most `room[g]`
+/// samples, each sample going, largest first, to the lightest group that still has room (the
+/// first on ties). A trainer whose ranks take fixed-size shards of a batch needs this form
+/// (`room` = the shard sizes). `None` when the groups cannot hold every sample.
+pub fn greedy_partition_sized(costs: &[f64], room: &[usize]) -> Option<Vec<Vec<usize>>> {
+    if room.iter().sum::<usize>() < costs.len() {
+        return None;
+    }
     let mut order: Vec<usize> = (0..costs.len()).collect();
     order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
-    let mut out = vec![Vec::new(); groups];
-    let mut load = vec![0.0_f64; groups];
+    let mut out: Vec<Vec<usize>> = room
+        .iter()
+        .map(|&r| Vec::with_capacity(r.min(costs.len())))
+        .collect();
+    let mut load = vec![0.0_f64; room.len()];
     for i in order {
-        let g = (0..groups).fold(0, |best, g| if load[g] < load[best] { g } else { best });
+        let g = (0..room.len()).filter(|&g| out[g].len() < room[g]).fold(
+            None,
+            |best: Option<usize>, g| match best {
+                Some(b) if load[b] <= load[g] => Some(b),
+                _ => Some(g),
+            },
+        )?;
         out[g].push(i);
         load[g] += costs[i];
     }
-    out
+    Some(out)
 }
 
 /// A lower bound on the optimal makespan of splitting `costs` over `groups` groups: no group

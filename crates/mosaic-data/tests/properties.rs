@@ -1,6 +1,7 @@
 //! Property tests of the packing, dispatch, partitioning and size-generation bounds, and of
 //! the JSONL sample reader against mangled input.
 
+use mosaic_data::greedy_partition_sized;
 use mosaic_data::packing::MAX_CAPACITY;
 use mosaic_data::{buckets, cost, generate, greedy_partition, loads, lower_bound, pack, zigzag};
 use mosaic_data::{parse_jsonl, token_counts, zigzag_buckets};
@@ -233,6 +234,27 @@ proptest! {
         }
         prop_assert_eq!(zigzag_buckets(&costs, ranks, 1), zigzag(&costs, ranks));
     }
+    /// Sized greedy partitioning places every sample once and never overfills a group; with
+    /// room for everything in every group it is plain greedy partitioning.
+    #[test]
+    fn sized_partition_respects_the_room(
+        costs in prop::collection::vec(0.0f64..100.0, 0..40),
+        room in prop::collection::vec(0usize..12, 1..6),
+    ) {
+        match greedy_partition_sized(&costs, &room) {
+            None => prop_assert!(room.iter().sum::<usize>() < costs.len()),
+            Some(groups) => {
+                prop_assert!(is_permutation(&groups, costs.len()));
+                prop_assert!(groups.iter().zip(&room).all(|(g, &r)| g.len() <= r));
+            }
+        }
+        let wide = vec![costs.len(); room.len()];
+        prop_assert_eq!(
+            greedy_partition_sized(&costs, &wide).unwrap(),
+            greedy_partition(&costs, room.len())
+        );
+    }
+
 
     /// Greedy partitioning (LPT) assigns each sample once, and its makespan lies between the
     /// lower bound (which no partition beats) and Graham's `(4/3 − 1/(3m))·OPT`, against an

@@ -3,10 +3,9 @@
 //! The trainer cuts a batch into `dp` contiguous shards of fixed sizes
 //! ([`crate::models::model::shards`]: `batch / dp` samples, the first `batch % dp` one more),
 //! and every module's replica `k` takes shard `k`. So the reordering must put the samples in an
-//! order whose shards carry balanced costs: Graham's largest-first greedy rule, as
-//! `mosaic_data::greedy_partition`, but each group holding exactly its shard's number of
-//! samples (a sample goes to the lightest group that still has room), unless the drawn order
-//! is already as balanced. The permutation is
+//! order whose shards carry balanced costs: Graham's largest-first greedy rule with each group
+//! holding exactly its shard's number of samples (`mosaic_data::greedy_partition_sized`),
+//! unless the drawn order is already as balanced. The permutation is
 //! applied in the producer; the trainer is unchanged.
 //!
 //! The loss does not depend on the order: the modules' losses are means over the batch whose
@@ -27,18 +26,8 @@ pub fn reorder(costs: &[f64], dp: usize) -> Vec<usize> {
         return (0..n).collect();
     }
     let room: Vec<usize> = shards(n, dp).iter().map(|s| s.rows.len()).collect();
-    let mut by_cost: Vec<usize> = (0..n).collect();
-    by_cost.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]).then(a.cmp(&b)));
-    let mut groups: Vec<Vec<usize>> = room.iter().map(|&r| Vec::with_capacity(r)).collect();
-    let mut load = vec![0f64; dp];
-    for i in by_cost {
-        let g = (0..dp)
-            .filter(|&g| groups[g].len() < room[g])
-            .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
-            .expect("the shards hold every sample");
-        groups[g].push(i);
-        load[g] += costs[i];
-    }
+    let groups =
+        mosaic_data::greedy_partition_sized(costs, &room).expect("the shards hold every sample");
     let order: Vec<usize> = groups
         .into_iter()
         .flat_map(|mut g| {
