@@ -1,0 +1,7 @@
+//! AFL++ target: a `mosaic` input file of this format (see `mosaic_fuzz::profiles`).
+
+fn main() {
+    afl::fuzz!(|data: &[u8]| {
+        let _ = mosaic_fuzz::profiles(data);
+    });
+}
