@@ -181,6 +181,17 @@ pub struct FitReport {
 }
 
 impl FitReport {
+    /// The title of the predicted-vs-measured scatter plot of profiles `profiles` fitted to
+    /// colocations `colocations`: how many samples it shows, held out or fitted.
+    pub fn scatter_title(&self, profiles: &str, colocations: &str) -> String {
+        let (count, which) = if self.held_out {
+            (self.test_samples, "held-out")
+        } else {
+            (self.samples, "fitted")
+        };
+        format!("{profiles}: predicted vs measured, {count} {which} colocations ({colocations})")
+    }
+
     /// The fit of `model`.
     pub fn model(&self, model: Model) -> &ModelFit {
         self.models

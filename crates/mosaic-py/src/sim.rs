@@ -228,21 +228,7 @@ pub(crate) fn fit(
             files::write(path, &files::pretty(&fitted)?)?;
         }
         if let Some(path) = &svg {
-            let title = format!(
-                "{}: predicted vs measured, {} {} colocations ({})",
-                profile.name,
-                if report.held_out {
-                    report.test_samples
-                } else {
-                    report.samples
-                },
-                if report.held_out {
-                    "held-out"
-                } else {
-                    "fitted"
-                },
-                colocations.name
-            );
+            let title = report.scatter_title(&profile.name, &colocations.name);
             let text = mosaic_fit::scatter_svg(&title, &mosaic_fit::scatter_series(&report, &obs));
             files::write(path, &text)?;
         }

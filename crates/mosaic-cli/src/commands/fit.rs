@@ -209,20 +209,7 @@ fn write_files(
         std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
     }
     if let Some(path) = &args.svg {
-        let title = format!(
-            "{name}: predicted vs measured, {} {} colocations ({})",
-            if report.held_out {
-                report.test_samples
-            } else {
-                report.samples
-            },
-            if report.held_out {
-                "held-out"
-            } else {
-                "fitted"
-            },
-            args.colocations.display()
-        );
+        let title = report.scatter_title(name, &args.colocations.display().to_string());
         let svg = mosaic_fit::scatter_svg(&title, &mosaic_fit::scatter_series(report, obs));
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
