@@ -157,8 +157,8 @@ pub fn create_output_dir(flag: &str, path: &Path) -> Result<(), BadInput> {
         .map_err(|e| BadInput(format!("{flag} {name}: cannot create the directory: {e}")))
 }
 
-/// The most samples a generated batch may hold: 10⁷, as the JSON Lines reader's limit.
-pub const MAX_SAMPLES: u64 = 10_000_000;
+/// The most samples a generated batch may hold: the JSON Lines reader's limit.
+pub const MAX_SAMPLES: u64 = mosaic_data::samples::MAX_SAMPLES as u64;
 
 /// Where a global batch of variable-size samples comes from (`mosaic data`, `mosaic compare`).
 #[derive(clap::Args, Debug, Clone)]

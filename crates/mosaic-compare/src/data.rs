@@ -9,7 +9,7 @@
 //!   times), its microbatch count, over the largest data-parallel degree of its modules, with
 //!   DistTrain's reordering (§6: greedy partitioning over DP ranks, Algorithm 3).
 //! - **FlowTrain**: its consumers (backbone and heads) over their largest data-parallel degree
-//!   with FlowTrain's packing, buckets and zig-zag dispatch ([`FLOWTRAIN_MICROBATCHES`] per
+//!   with FlowTrain's packing, buckets and zig-zag dispatch ([`FLOWTRAIN_MICROBATCHES`] or more per
 //!   rank); the producers are not slowed, since the embedding pool between the two absorbs
 //!   their variance (FlowTrain §3.4).
 //! - **Megatron-LM, DistMM, Spindle, Mosaic**: no data-side policy; each module's replicas get
@@ -24,8 +24,11 @@ use mosaic_data::{evaluate_weighted, DataError, Layout, Params, Policy};
 
 use crate::CompareError;
 
-/// Microbatches per consumer rank in FlowTrain's slowdown: packing aims at this many.
+/// Microbatches per consumer rank in FlowTrain's slowdown: packing aims at this many, or at
+/// more where they would hold over [`FLOWTRAIN_CAPACITY`] tokens each.
 pub const FLOWTRAIN_MICROBATCHES: usize = 8;
+/// The microbatch size FlowTrain packs to in its example (§3.4: "e.g., 8192" tokens).
+pub const FLOWTRAIN_CAPACITY: u64 = 8192;
 
 /// One global batch: per-sample sequence lengths and their cost coefficients.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,10 +177,15 @@ impl DataBatch {
                 consumer_ms,
                 dp,
             } => {
+                let dp = (*dp).max(1) as usize;
+                let tokens: u64 = self.sizes.iter().map(|&s| u64::from(s)).sum();
+                let needed = tokens.div_ceil(dp as u64 * FLOWTRAIN_CAPACITY);
                 let layout = Layout {
-                    dp: (*dp).max(1) as usize,
+                    dp,
                     pp: 1,
-                    microbatches: FLOWTRAIN_MICROBATCHES,
+                    microbatches: usize::try_from(needed)
+                        .unwrap_or(usize::MAX)
+                        .max(FLOWTRAIN_MICROBATCHES),
                     vpp: 1,
                 };
                 let f = self.slowdown(Policy::FlowTrain, layout, &[1.0])?;

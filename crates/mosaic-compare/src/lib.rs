@@ -111,7 +111,7 @@ use mosaic_profile::PerfModel;
 use serde::Serialize;
 
 pub use common::whole_gpu_lower_bound;
-pub use data::{with_data, DataBatch, Shape, FLOWTRAIN_MICROBATCHES};
+pub use data::{with_data, DataBatch, Shape, FLOWTRAIN_CAPACITY, FLOWTRAIN_MICROBATCHES};
 pub use pipeline::{disttrain, flowtrain, DEFAULT_MAX_MICROBATCHES};
 pub use roles::{roles, Roles};
 pub use spindle::spindle;

@@ -39,6 +39,6 @@ pub use packing::{buckets, cost, pack, zigzag, zigzag_buckets, PackError};
 pub use partition::{greedy_partition, greedy_partition_sized, loads, lower_bound};
 pub use pipeline::{interleaved, one_f_one_b, PipelineError, Schedule};
 pub use policy::{assign, assign_weighted, evaluate, evaluate_weighted, inter_reorder};
-pub use policy::{inter_reorder_vpp, DataError, Layout, Params, Policy, Report};
+pub use policy::{inter_reorder_vpp, DataError, Layout, Params, Policy, Report, MAX_OPERATIONS};
 pub use samples::{parse_jsonl, read_jsonl, token_counts, Sample, SamplesError, Tokenizer};
 pub use sizes::{generate, Distribution};

@@ -81,6 +81,10 @@ impl Default for Params {
 pub const MAX_SLOTS: usize = 1 << 20;
 /// The largest `pp × vpp` (virtual stages per rank) [`evaluate`] accepts.
 pub const MAX_VIRTUAL_STAGES: usize = 1 << 12;
+/// The most pipeline operations one evaluation simulates, `dp × microbatches × pp × vpp`
+/// (well under a second of simulation; DistTrain's Algorithm 3 re-simulates a rank's pipeline per
+/// placed microbatch, so for it the count is multiplied by the microbatches per rank).
+pub const MAX_OPERATIONS: usize = 1 << 22;
 
 /// Why a policy or its evaluation refused its input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -369,7 +373,12 @@ impl Layout {
 }
 
 /// Checks the layout, the cost parameters and the stage weights against their limits.
-fn validate(layout: Layout, params: &Params, weights: &[f64]) -> Result<(), DataError> {
+fn validate(
+    policy: Policy,
+    layout: Layout,
+    params: &Params,
+    weights: &[f64],
+) -> Result<(), DataError> {
     let Layout {
         dp,
         pp,
@@ -397,6 +406,16 @@ fn validate(layout: Layout, params: &Params, weights: &[f64]) -> Result<(), Data
     };
     limit("dp × microbatches", dp.checked_mul(microbatches), MAX_SLOTS)?;
     limit("pp × vpp", pp.checked_mul(vpp), MAX_VIRTUAL_STAGES)?;
+    let operations = (dp * microbatches).checked_mul(pp * vpp);
+    if policy == Policy::DistTrain {
+        let reordering = operations.and_then(|o| o.checked_mul(microbatches));
+        limit(
+            "dp × microbatches² × pp × vpp (DistTrain's Algorithm 3)",
+            reordering,
+            MAX_OPERATIONS,
+        )?;
+    }
+    limit("dp × microbatches × pp × vpp", operations, MAX_OPERATIONS)?;
     if vpp > 1 && !microbatches.is_multiple_of(pp) {
         return Err(DataError::NotMultiple {
             rank: 0,
@@ -467,7 +486,7 @@ pub fn assign_weighted(
     params: &Params,
     stage_weights: &[f64],
 ) -> Result<Vec<Vec<Vec<usize>>>, DataError> {
-    validate(layout, params, stage_weights)?;
+    validate(policy, layout, params, stage_weights)?;
     let Layout {
         dp,
         pp,

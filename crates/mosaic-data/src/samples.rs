@@ -21,9 +21,10 @@ use serde_json::Value;
 use std::fmt;
 use std::path::Path;
 
-/// The most samples one file may hold: ten million, above any global batch by orders of
-/// magnitude (a file of per-sample sizes for a whole epoch still fits).
-pub const MAX_SAMPLES: usize = 10_000_000;
+/// The most samples one file may hold: a million, above any global batch by orders of
+/// magnitude, and what every policy simulates within seconds (FlowTrain's capacity search
+/// packs the batch some twenty times; ten million samples took `mosaic compare` 100 s).
+pub const MAX_SAMPLES: usize = 1_000_000;
 /// The longest image side in pixels: 64K, far above any encoder's input (gigapixel slides
 /// are tiled before they reach a ViT).
 pub const MAX_IMAGE_SIDE: u32 = 65_536;

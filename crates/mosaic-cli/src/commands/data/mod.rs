@@ -7,7 +7,7 @@
 mod write;
 
 use anyhow::Result;
-use mosaic_data::{evaluate, Layout, Params, Policy, Report};
+use mosaic_data::{evaluate, DataError, Layout, PackError, Params, Policy, Report};
 use mosaic_zoo::{Calibration, DeviceSpec, ModelSpec, Role, TokenCost};
 
 use crate::input::{BadInput, Samples};
@@ -208,8 +208,16 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
             capacity: args.capacity,
             ..Params::default()
         };
-        let report: Report = evaluate(name.policy(), &sizes, layout, &params)
-            .map_err(|e| BadInput(format!("--policy {}: {e}", name.name())))?;
+        let report: Report = evaluate(name.policy(), &sizes, layout, &params).map_err(|e| {
+            let hint = match e {
+                DataError::Pack(PackError::CapacityTooLarge { .. }) => {
+                    " (this batch in dp × microbatches microbatches would need that many tokens each: \
+                         raise --microbatches or give --capacity)"
+                }
+                _ => "",
+            };
+            BadInput(format!("--policy {}: {e}{hint}", name.name()))
+        })?;
         rows.push(Row {
             format: "mosaic-data/1",
             policy: name.name(),
