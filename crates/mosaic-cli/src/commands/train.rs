@@ -267,14 +267,8 @@ fn attach_feed(args: &RunArgs, model: &mut Model, schedule: &Schedule) -> Result
     };
     let launcher = feed::Launcher::mosaic().context("cannot find this mosaic binary")?;
     let producers = args.producers.unwrap_or(0) as usize;
-    let f = feed::feed(
-        config,
-        &fields,
-        producers,
-        &launcher,
-        FeedOptions::default(),
-    )
-    .map_err(engine)?;
+    let options = FeedOptions::for_work(&config, args.batch);
+    let f = feed::feed(config, &fields, producers, &launcher, options).map_err(engine)?;
     model.data = f.source;
     Ok(f.pids)
 }

@@ -102,13 +102,8 @@ fn run(
     let schedule = Schedule::sequential(&model, available_cores());
     let config = FeedConfig::for_fields(&model.data.fields(), c.seed, images, resolution, 1)?;
     let t0 = std::time::Instant::now();
-    let f = feed(
-        config,
-        &model.data.fields(),
-        producers,
-        launcher,
-        FeedOptions::default(),
-    )?;
+    let options = FeedOptions::for_work(&config, c.batch);
+    let f = feed(config, &model.data.fields(), producers, launcher, options)?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
     model.data = f.source;
     let train = TrainConfig {
