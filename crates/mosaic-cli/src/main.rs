@@ -48,6 +48,10 @@ enum Command {
     #[cfg_attr(feature = "engine", command(subcommand))]
     #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
     Measure(commands::measure::Args),
+    /// Check the engine's GPU paths on the GPU present, each pass or fail with its figure (needs the engine feature).
+    #[cfg_attr(feature = "engine", command(subcommand))]
+    #[cfg_attr(not(feature = "engine"), command(disable_help_flag = true))]
+    Check(commands::check::Args),
     /// Simulate the peers' batching policies on variable-size samples (DP × PP, 1F1B), or write an engine model's data (`data write`).
     #[command(args_conflicts_with_subcommands = true)]
     Data(commands::data::Args),
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => commands::calibrate::run(a),
         Command::Train(a) => commands::train::run(a),
         Command::Measure(a) => commands::measure::run(a),
+        Command::Check(a) => commands::check::run(a),
         Command::Data(a) => commands::data::run(a),
     };
     match result {

@@ -214,6 +214,38 @@ fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
     assert!(stderr(&o).contains("--collective nccl"), "{}", stderr(&o));
 }
 
+/// Where no GPU can run (a CPU build here), `--device cuda` is refused before training, saying
+/// how to get the GPU build, and `mosaic check gpu` skips every check saying why.
+#[test]
+fn gpu_paths_say_why_they_cannot_run_here() {
+    let o = mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--device",
+        "cuda",
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--device"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("scripts/cuda-cargo"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty(), "trained: {}", stdout(&o));
+
+    let o = mosaic(&["check", "gpu", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let checks: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect();
+    assert!(!checks.is_empty());
+    assert!(checks
+        .iter()
+        .all(|c| c["outcome"] == "skip" || c["outcome"] == "pass"));
+    let o = mosaic(&["check", "gpu", "--device", "5000"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
 #[test]
 fn a_checkpoint_of_another_run_is_refused() {
     let d = dir("other-ckpt");

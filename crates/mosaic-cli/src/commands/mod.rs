@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod calibrate;
+#[cfg(feature = "engine")]
+pub mod check;
 pub mod compare;
 pub mod data;
 #[cfg(feature = "engine")]
@@ -19,11 +21,13 @@ pub mod zoo;
 
 // A build without the engine still lists its commands, and refuses them saying how to rebuild.
 #[cfg(not(feature = "engine"))]
+pub use no_engine as check;
+#[cfg(not(feature = "engine"))]
 pub use no_engine as measure;
 #[cfg(not(feature = "engine"))]
 pub use no_engine as train;
 
-/// An engine command (`train`, `measure`, `data`) in a build without the engine.
+/// An engine command (`train`, `measure`, `check`, `data`) in a build without the engine.
 #[cfg(not(feature = "engine"))]
 pub mod no_engine {
     use anyhow::Result;

@@ -14,8 +14,8 @@ use mosaic_engine::models::{self, TensorFile};
 use mosaic_engine::runtime::checkpoint;
 use mosaic_engine::runtime::feed::{self, FeedConfig, FeedOptions};
 use mosaic_engine::{
-    sequential_plan, AdamWConfig, Collective, Device, InProcess, Model, Schedule, StepReport,
-    TrainConfig, Trainer,
+    sequential_plan, AdamWConfig, Collective, Compute, Device, InProcess, Model, Schedule,
+    StepReport, TrainConfig, Trainer,
 };
 use serde_json::json;
 
@@ -73,6 +73,12 @@ struct RunArgs {
     /// compute stays on the CPU, so NCCL moves the host gradients through the GPU).
     #[arg(long, value_enum, default_value_t = Backend::Mpi)]
     collective: Backend,
+    /// Where modules compute: on the CPU, each in a thread-pool slot; or on CUDA, each in a
+    /// green-context slot of its stage holding its quota of the GPU's SMs, its tensors on the
+    /// slot's stream (the GPU build: scripts/cuda-cargo). Under mpirun, a rank's GPU is its
+    /// local rank.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
     /// Train until this many steps are done (a resumed run continues up to it).
     #[arg(long, default_value_t = 50)]
     steps: u64,
@@ -212,6 +218,10 @@ fn train(args: &RunArgs) -> Result<()> {
         adamw: AdamWConfig {
             lr: args.lr,
             ..AdamWConfig::default()
+        },
+        compute: match args.device {
+            DeviceArg::Cpu => Compute::Cpu,
+            DeviceArg::Cuda => Compute::Cuda(local_rank()?),
         },
         ..TrainConfig::default()
     };
@@ -483,6 +493,29 @@ fn conclude(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, s: &St
             None => String::new(),
         }
     );
+}
+
+/// Where modules compute (`--device`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DeviceArg {
+    /// CPU thread-pool slots.
+    Cpu,
+    /// Green-context slots on this rank's GPU.
+    Cuda,
+}
+
+/// This process's rank on its node (OpenMPI's `OMPI_COMM_WORLD_LOCAL_RANK`; 0 without
+/// `mpirun`): the GPU it trains on.
+fn local_rank() -> Result<usize> {
+    match std::env::var("OMPI_COMM_WORLD_LOCAL_RANK") {
+        Err(_) => Ok(0),
+        Ok(v) => v.parse().map_err(|_| {
+            BadInput(format!(
+                "OMPI_COMM_WORLD_LOCAL_RANK: expected this rank's index on its node, got {v:?}"
+            ))
+            .into()
+        }),
+    }
 }
 
 /// How the ranks of an `mpirun` run sum gradients (`--collective`).

@@ -22,10 +22,13 @@
 //!   ([`measure_preprocess`], DistTrain's Fig. 21; see [`crate::runtime::feed`]).
 //! - `slots`: the slot pool's benchmark, pooled against on-demand slots ([`bench_slots`],
 //!   [`matmul_in_slots`]; on a GPU, [`bench_gpu_slots`], whose CUDA part is `gpu_slots`).
+//! - `gpu_check`: every GPU path of the engine, pass or fail with its figure ([`check_gpu`],
+//!   `mosaic check gpu`).
 
 mod bytes;
 mod colocate;
 mod files;
+mod gpu_check;
 #[cfg(feature = "cuda")]
 mod gpu_slots;
 mod machine;
@@ -37,6 +40,7 @@ mod sweep;
 pub use bytes::{bytes_moved, Memory};
 pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOCATED};
 pub use files::{colocation_file, profile_file};
+pub use gpu_check::{check_gpu, GpuCheck, Outcome};
 pub use machine::{
     available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
     MAX_QUOTA_STEPS, UNDISTURBED,

@@ -173,9 +173,12 @@ impl DataSource for ClipData {
 
 /// Builds `clip-tiny` with parameters and data drawn from `seed`, its text tower running
 /// texts as `layout` says.
-pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
+pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> Result<Model> {
     let pb = |name: &str| {
-        ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
+        ParamBuilder::new(
+            SplitMix64::stream(seed, &format!("init/{name}"), 0),
+            &place(name),
+        )
     };
 
     let mut p = pb("vision");
@@ -221,6 +224,7 @@ pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
         description: "CLIP at toy size: ViT image tower and causal text tower aligned by a \
                       contrastive head (vision, text → align)",
         seed,
+        layout,
         modules: vec![vision, text, align],
         data: Box::new(ClipData::new(seed)),
     })

@@ -52,9 +52,20 @@ pub fn build_with(
     device: &Device,
     layout: TextLayout,
 ) -> Result<Model, EngineError> {
+    build_placed(name, seed, layout, &|_| device.clone())
+}
+
+/// [`build_with`], every module's parameters on the device `place` gives for its name (its
+/// GPU slot's, when training on a GPU).
+pub fn build_placed(
+    name: &str,
+    seed: u64,
+    layout: TextLayout,
+    place: &dyn Fn(&str) -> Device,
+) -> Result<Model, EngineError> {
     let model = match name.to_ascii_lowercase().as_str() {
-        "clip-tiny" => clip::build(seed, device, layout),
-        "omni-tiny" => omni::build(seed, device, layout),
+        "clip-tiny" => clip::build(seed, place, layout),
+        "omni-tiny" => omni::build(seed, place, layout),
         _ => {
             return Err(EngineError::UnknownModel {
                 name: name.to_string(),

@@ -12,6 +12,7 @@ use candle_core::{Result, Tensor, Var};
 
 use super::data::DataSource;
 use super::nn::Params;
+use super::towers::TextLayout;
 
 /// Where a module input comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +177,8 @@ pub struct Model {
     pub description: &'static str,
     /// The seed its parameters and data were drawn from.
     pub seed: u64,
+    /// How its text tower runs texts.
+    pub layout: TextLayout,
     /// Modules; every input of a module refers to an earlier one.
     pub modules: Vec<Module>,
     /// The data it trains on.

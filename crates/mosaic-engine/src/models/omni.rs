@@ -172,9 +172,12 @@ impl DataSource for OmniData {
 
 /// Builds `omni-tiny` with parameters and data drawn from `seed`, its text tower running
 /// texts as `layout` says.
-pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
+pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> Result<Model> {
     let pb = |name: &str| {
-        ParamBuilder::new(SplitMix64::stream(seed, &format!("init/{name}"), 0), device)
+        ParamBuilder::new(
+            SplitMix64::stream(seed, &format!("init/{name}"), 0),
+            &place(name),
+        )
     };
     let encoder =
         |name: &'static str, data: &'static str, net: Box<dyn Net>, p: ParamBuilder| Module {
@@ -234,6 +237,7 @@ pub fn build(seed: u64, device: &Device, layout: TextLayout) -> Result<Model> {
         description: "three encoders (vision ViT, audio, text) feeding a transformer backbone \
                       that classifies (ImageBind/OFASys-like)",
         seed,
+        layout,
         modules: vec![vision, audio, text, backbone],
         data: Box::new(data),
     })

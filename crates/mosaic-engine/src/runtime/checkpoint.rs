@@ -257,15 +257,15 @@ fn read_states(
 ) -> Result<Vec<ModuleState>, EngineError> {
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| bad(path, "(file)", format!("not a safetensors file: {e}")))?;
-    let device = candle_core::Device::Cpu;
     let crc = std::cell::RefCell::new(crc32fast::Hasher::new());
     let get = |key: &str, like: &Tensor| -> Result<Tensor, EngineError> {
         let view = st
             .tensor(key)
             .map_err(|_| bad(path, key, "missing tensor".into()))?;
         crc.borrow_mut().update(view.data());
+        // On the device of the tensor it replaces (a GPU slot's, when training on one).
         let t = view
-            .load(&device)
+            .load(like.device())
             .map_err(|e| bad(path, key, e.to_string()))?;
         if t.shape() != like.shape() || t.dtype() != like.dtype() {
             return Err(bad(

@@ -53,17 +53,31 @@ pub struct TrainConfig {
     pub adamw: AdamWConfig,
     /// When slots are created.
     pub slots: SlotMode,
+    /// Where modules compute.
+    pub compute: Compute,
 }
 
 impl Default for TrainConfig {
-    /// Batch 16, [`AdamWConfig::default`], pooled slots.
+    /// Batch 16, [`AdamWConfig::default`], pooled slots, on the CPU.
     fn default() -> Self {
         TrainConfig {
             batch: 16,
             adamw: AdamWConfig::default(),
             slots: SlotMode::Pooled,
+            compute: Compute::Cpu,
         }
     }
+}
+
+/// Where a trainer's modules compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compute {
+    /// On the CPU, each module in a thread-pool slot.
+    #[default]
+    Cpu,
+    /// On CUDA device `n`, each module in a green-context slot of its stage with its tensors
+    /// on the slot's stream ([`super::on_gpu`]; the GPU build).
+    Cuda(usize),
 }
 
 /// A module's times in one step.
@@ -124,13 +138,15 @@ pub struct Trainer {
     pub(crate) config: TrainConfig,
     pub(crate) optimizers: Vec<Mutex<AdamW>>,
     pub(crate) step: u64,
+    /// Every module's candle device; on a GPU, bound to its slot's stream. Fields drop in
+    /// order: the model, the optimizers and these before the slots whose streams they use.
+    devices: Vec<Device>,
     slots: SlotPool,
     collective: Box<dyn Collective>,
     /// The rank of every replica, per module.
     ranks: Vec<Vec<usize>>,
     /// The ranks holding replicas, ascending, per module (its communication group).
     groups: Vec<Vec<usize>>,
-    device: Device,
 }
 
 /// A replica's forward state kept for its backward pass.
@@ -226,7 +242,17 @@ impl Trainer {
             })
             .collect();
         collective.create_groups(&groups)?;
-        let slots = SlotPool::new(schedule.slot_specs(model.modules.len()), config.slots)?;
+        let (model, devices, slots) = match config.compute {
+            Compute::Cpu => {
+                let specs = schedule.slot_specs(model.modules.len());
+                let devices = vec![Device::Cpu; model.modules.len()];
+                (model, devices, SlotPool::new(specs, config.slots)?)
+            }
+            Compute::Cuda(ordinal) => {
+                let gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
+                (gpu.model, gpu.devices, gpu.slots)
+            }
+        };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
         Ok(Trainer {
             model,
@@ -234,11 +260,11 @@ impl Trainer {
             config,
             optimizers,
             step: 0,
+            devices,
             slots,
             collective,
             ranks,
             groups,
-            device: Device::Cpu,
         })
     }
 
@@ -317,7 +343,10 @@ impl Trainer {
                 out.push(ParamGrad {
                     module: m.name.to_string(),
                     name: name.to_string(),
-                    grad,
+                    // On the host: a tensor on a GPU slot's stream must not outlive the slot.
+                    grad: grad
+                        .to_device(&Device::Cpu)
+                        .map_err(EngineError::tensor(m.name))?,
                 });
             }
         }
@@ -334,7 +363,7 @@ impl Trainer {
         let batch = self
             .model
             .data
-            .batch(self.step, self.config.batch, &self.device)
+            .batch(self.step, self.config.batch, &Device::Cpu)
             .map_err(EngineError::tensor("data"))?;
         let (loss, mut reports, tapes) = self.forward_pass(&batch)?;
         let param_grads = self.backward_pass(tapes, &mut reports, apply)?;
@@ -498,30 +527,39 @@ impl Trainer {
     ) -> Result<Forward, EngineError> {
         let began = Instant::now();
         let module = &self.model.modules[m];
-        let replicas = self
-            .local_shards(m, dp)
-            .into_par_iter()
-            .map(|shard| -> candle_core::Result<ReplicaTape> {
-                let wholes = module.inputs.iter().map(|input| match input {
-                    Input::Data(key) => batch.tensors[key].clone(),
-                    Input::Module(p) => outputs[*p].clone().expect("producers run earlier"),
-                });
-                let (xs, vars) = module.replica_inputs(wholes, &shard)?;
-                let out = module.net.forward(&xs, &shard)?;
-                Ok(ReplicaTape {
-                    rows: shard.rows,
-                    out,
-                    inputs: vars,
-                })
+        let device = &self.devices[m];
+        let err = || EngineError::tensor(module.name);
+        // The whole batch of every input, on this module's device (a copy from the host or
+        // from the producer's slot; none on the CPU).
+        let wholes = module
+            .inputs
+            .iter()
+            .map(|input| match input {
+                Input::Data(key) => batch.tensors[key].to_device(device),
+                Input::Module(p) => outputs[*p]
+                    .as_ref()
+                    .expect("producers run earlier")
+                    .to_device(device),
             })
             .collect::<candle_core::Result<Vec<_>>>()
-            .map_err(EngineError::tensor(module.name))?;
-        let err = EngineError::tensor(module.name);
+            .map_err(err())?;
+        let replica = |shard: Shard| -> candle_core::Result<ReplicaTape> {
+            let (xs, vars) = module.replica_inputs(wholes.iter().cloned(), &shard)?;
+            let out = module.net.forward(&xs, &shard)?;
+            Ok(ReplicaTape {
+                rows: shard.rows,
+                out,
+                inputs: vars,
+            })
+        };
+        let replicas = each_replica(device, self.local_shards(m, dp), replica).map_err(err())?;
         let local = replicas.iter().map(|r| r.out.detach()).collect();
         let (output, loss) = match module.output {
-            Output::Activation => (cat_rows(local).map_err(err)?, None),
-            Output::Loss => (None, sum_all(local).map_err(err)?),
+            Output::Activation => (cat_rows(local).map_err(err())?, None),
+            Output::Loss => (None, sum_all(local).map_err(err())?),
         };
+        // The module's work is done when its stream is (the stage waits for its slowest).
+        device.synchronize().map_err(err())?;
         Ok(Forward {
             replicas,
             output,
@@ -542,14 +580,20 @@ impl Trainer {
     ) -> Result<Backward, EngineError> {
         let began = Instant::now();
         let module = &self.model.modules[m];
+        let device = &self.devices[m];
         let err = || EngineError::tensor(module.name);
-        let out_grad = sum_all(from_consumers).map_err(err())?;
-        let per_replica = tape
-            .replicas
-            .par_iter()
-            .map(|r| module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs))
+        // Copied from the consumers' devices; the originals are kept until this module's
+        // stream is done with the copies.
+        let here = from_consumers
+            .iter()
+            .map(|g| g.to_device(device))
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
+        let out_grad = sum_all(here).map_err(err())?;
+        let per_replica = each_replica(device, &tape.replicas, |r| {
+            module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs)
+        })
+        .map_err(err())?;
         let (params, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
 
         // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
@@ -574,6 +618,8 @@ impl Trainer {
             }
             params => params,
         };
+        device.synchronize().map_err(err())?;
+        drop(from_consumers);
         Ok(Backward {
             input_grads,
             param_grads,
@@ -636,7 +682,7 @@ impl Trainer {
         }
         let mut dims = dims.expect("some rank holds a replica");
         dims[0] = self.config.batch;
-        Tensor::from_vec(pieces.concat(), dims, &self.device).map_err(EngineError::tensor(name))
+        Tensor::from_vec(pieces.concat(), dims, &self.devices[m]).map_err(EngineError::tensor(name))
     }
 
     /// The sum over ranks of the ranks' `local` tensors (`None` where a rank has none), in rank
@@ -656,7 +702,7 @@ impl Trainer {
             }
         }
         let (dims, data) = total.expect("some rank holds a replica");
-        Tensor::from_vec(data, dims, &self.device).map_err(EngineError::tensor("sum"))
+        Tensor::from_vec(data, dims, &Device::Cpu).map_err(EngineError::tensor("sum"))
     }
 
     /// Gives every rank the parameters and optimizer state of the modules it holds no replica
@@ -692,6 +738,22 @@ impl Trainer {
             opt.t = t[0] as u64;
         }
         Ok(())
+    }
+}
+
+/// `f` over a module's replicas on this rank, in order: as tasks of the module's slot on a
+/// CPU, one after another on a GPU (they share the slot's stream and cuBLAS handle, which one
+/// thread at a time may use).
+fn each_replica<I, T, F>(device: &Device, replicas: I, f: F) -> candle_core::Result<Vec<T>>
+where
+    I: IntoParallelIterator + IntoIterator<Item = <I as IntoParallelIterator>::Item>,
+    T: Send,
+    F: Fn(<I as IntoParallelIterator>::Item) -> candle_core::Result<T> + Sync + Send,
+{
+    if device.is_cpu() {
+        replicas.into_par_iter().map(f).collect()
+    } else {
+        replicas.into_iter().map(f).collect()
     }
 }
 

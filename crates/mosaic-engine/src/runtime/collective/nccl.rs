@@ -99,8 +99,17 @@ fn nccl(message: String) -> EngineError {
     }
 }
 
+/// Why NCCL cannot be called here: never, in the GPU build, which links `libnccl` (cudarc's
+/// dynamic linking), so a process that started has it.
+#[cfg(mosaic_gpu)]
+fn nccl_unavailable() -> Option<String> {
+    let _ = NCCL_REQUIRED;
+    None
+}
+
 /// Why NCCL cannot be called here, or `None` if it can: no `libnccl.so`, or one lacking a
 /// function this module calls. Never panics.
+#[cfg(not(mosaic_gpu))]
 fn nccl_unavailable() -> Option<String> {
     // SAFETY: only tries to open the library (dlopen) and drops it.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {

@@ -206,6 +206,17 @@ impl SlotPool {
         Ok(SlotPool { mode, specs, slots })
     }
 
+    /// A pooled pool of slots made elsewhere (a GPU's green-context slots), `slots[i]` for
+    /// `specs[i]`.
+    pub fn from_slots(specs: Vec<SlotSpec>, slots: Vec<Slot>) -> SlotPool {
+        assert_eq!(specs.len(), slots.len(), "a slot per spec");
+        SlotPool {
+            mode: SlotMode::Pooled,
+            specs,
+            slots,
+        }
+    }
+
     /// The mode.
     pub fn mode(&self) -> SlotMode {
         self.mode

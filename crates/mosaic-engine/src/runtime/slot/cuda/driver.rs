@@ -70,21 +70,7 @@ pub fn driver_unavailable() -> Option<String> {
 pub(super) fn driver() -> &'static Result<(), String> {
     static DRIVER: OnceLock<Result<(), String>> = OnceLock::new();
     DRIVER.get_or_init(|| {
-        // SAFETY: only tries to open the library (dlopen) and drops it.
-        if !unsafe { sys::is_culib_present() } {
-            return Err("no CUDA driver library (libcuda.so) found".into());
-        }
-        // SAFETY: `culib` cannot panic now that a candidate library opened; `get` only looks
-        // a symbol up, the pointer is not called.
-        let lib = unsafe { sys::culib() };
-        for name in REQUIRED {
-            if unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err() {
-                return Err(format!(
-                    "the CUDA driver lacks {name} (green contexts need a driver for CUDA 12.4 \
-                     or later)"
-                ));
-            }
-        }
+        library()?;
         // SAFETY: every function called from here on is present (checked above).
         let r = unsafe { sys::cuInit(0) };
         if r != CUresult::CUDA_SUCCESS {
@@ -104,6 +90,36 @@ pub(super) fn driver() -> &'static Result<(), String> {
         }
         Ok(())
     })
+}
+
+/// Whether the driver library is there with every function the slots call: cudarc opens
+/// `libcuda` when first called (dynamic loading) and panics on a missing symbol.
+#[cfg(not(mosaic_gpu))]
+fn library() -> Result<(), String> {
+    // SAFETY: only tries to open the library (dlopen) and drops it.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver library (libcuda.so) found".into());
+    }
+    // SAFETY: `culib` cannot panic now that a candidate library opened; `get` only looks a
+    // symbol up, the pointer is not called.
+    let lib = unsafe { sys::culib() };
+    match REQUIRED
+        .iter()
+        .find(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
+    {
+        Some(name) => Err(format!(
+            "the CUDA driver lacks {name} (green contexts need a driver for CUDA 12.4 or later)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The GPU build links `libcuda` (candle turns on cudarc's dynamic linking): a process that
+/// started has the library and every function the slots call, [`REQUIRED`] included.
+#[cfg(mosaic_gpu)]
+fn library() -> Result<(), String> {
+    let _ = REQUIRED;
+    Ok(())
 }
 
 /// `CUDA_ERROR_…: text` for a driver result.

@@ -117,6 +117,18 @@ impl GpuSlot {
         self.device.ordinal
     }
 
+    /// The slot's green context as a `CUcontext` and its stream (both owned by the slot).
+    #[cfg(mosaic_gpu)]
+    pub(super) fn handles(&self) -> (CUcontext, CUstream) {
+        (self.context, self.stream)
+    }
+
+    /// Its device's driver handle.
+    #[cfg(mosaic_gpu)]
+    pub(super) fn cu_device(&self) -> cudarc::driver::sys::CUdevice {
+        self.device.dev
+    }
+
     /// Makes the slot's green context current on this thread until the returned guard drops
     /// (which restores the previous context). Blocks while another thread is inside the slot;
     /// nests on the same thread.

@@ -12,6 +12,8 @@
 //! - `green`: [`GpuSlot`], a green context and its stream, made current on a thread by
 //!   `GpuSlot::enter`.
 //! - `pool`: `GpuSlotPool`, the slots of a plan's stages, pooled or on demand.
+//! - `compute` (the GPU build only, `--cfg mosaic_gpu`): candle's CUDA device on a slot's
+//!   stream, `Binding` saying through which context.
 //!
 //! Everything but the partition arithmetic needs the `cuda` feature (cudarc, which loads
 //! `libcuda` at run time, so it builds without CUDA). Without it, `dummy` stands in: [`GpuSlot`] has no values
@@ -19,6 +21,8 @@
 
 pub use mosaic_profile::{partition_sms, sms_for, SmGranularity};
 
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+mod compute;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -27,6 +31,8 @@ mod driver;
 mod green;
 #[cfg(feature = "cuda")]
 mod pool;
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+pub use compute::Binding;
 #[cfg(feature = "cuda")]
 pub(crate) use device::Scratch;
 #[cfg(feature = "cuda")]

@@ -1,0 +1,431 @@
+//! `mosaic check gpu`: every GPU path of the engine, run on the GPU present, each ending in
+//! pass or fail with the figure it rests on — what a session lent a GPU runs first, since the
+//! GPU code is written without one. A path this build lacks is skipped, saying why.
+//!
+//! In order: the driver; green-context slots (SMs granted as asked, work on each stream);
+//! then, in the GPU build only (`--cfg mosaic_gpu`, `scripts/cuda-cargo`), candle's ops on a
+//! slot against the CPU through either [`Binding`](crate::runtime::slot::cuda) (a transformer
+//! block's forward and backward in f32, a matmul in bf16); one training step of every engine
+//! model on the GPU against the CPU (loss and every gradient), modules one after another and
+//! the encoders co-located, and ten steps whose loss must fall; SM confinement by timing (the
+//! same bf16 matmuls on 16 SMs and on 128); and co-location (two 64-SM slots launched from two
+//! threads at once against each alone).
+
+use serde::Serialize;
+
+use crate::runtime::slot::cuda::driver_unavailable;
+
+/// How a check ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// It ran and met its bound.
+    Pass,
+    /// It ran and missed its bound, or failed.
+    Fail,
+    /// It could not run here (the figure says why).
+    Skip,
+}
+
+/// One check: what was checked, how it ended and the figure behind it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuCheck {
+    /// What was checked.
+    pub name: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The measured figure, the error, or why it was skipped.
+    pub figure: String,
+}
+
+impl GpuCheck {
+    fn new(name: &str, outcome: Outcome, figure: impl Into<String>) -> GpuCheck {
+        GpuCheck {
+            name: name.to_string(),
+            outcome,
+            figure: figure.into(),
+        }
+    }
+
+    /// Pass when `pass`, else fail.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn judged(name: &str, pass: bool, figure: impl Into<String>) -> GpuCheck {
+        let outcome = if pass { Outcome::Pass } else { Outcome::Fail };
+        GpuCheck::new(name, outcome, figure)
+    }
+}
+
+/// Every check on CUDA device `ordinal`, in order.
+pub fn check_gpu(ordinal: usize) -> Vec<GpuCheck> {
+    if let Some(why) = driver_unavailable() {
+        return vec![GpuCheck::new("driver", Outcome::Skip, why)];
+    }
+    #[cfg(feature = "cuda")]
+    {
+        on_device::run(ordinal)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        vec![GpuCheck::new(
+            "driver",
+            Outcome::Skip,
+            "built without the `cuda` feature",
+        )]
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod on_device {
+    use super::{GpuCheck, Outcome};
+    use crate::runtime::slot::cuda::GpuDevice;
+
+    /// The checks that need only the driver, then those of the GPU build.
+    pub(super) fn run(ordinal: usize) -> Vec<GpuCheck> {
+        let device = match GpuDevice::open(ordinal) {
+            Ok(d) => d,
+            Err(e) => return vec![GpuCheck::new("driver", Outcome::Fail, e.to_string())],
+        };
+        let (major, minor) = device.compute_capability();
+        let mut out = vec![GpuCheck::new(
+            "driver",
+            Outcome::Pass,
+            format!(
+                "device {ordinal}: {} ({} SMs, compute capability {major}.{minor})",
+                device.name(),
+                device.sms()
+            ),
+        )];
+        out.push(slots(&device));
+        #[cfg(mosaic_gpu)]
+        out.extend(super::compute::run(&device));
+        #[cfg(not(mosaic_gpu))]
+        out.push(GpuCheck::new(
+            "module compute",
+            Outcome::Skip,
+            "this build has no GPU compute: build mosaic with scripts/cuda-cargo",
+        ));
+        out
+    }
+
+    /// A stage of quotas [0.25, 0.5, 0.25]: SMs granted as asked, and a fill on each stream.
+    fn slots(device: &GpuDevice) -> GpuCheck {
+        let name = "green-context slots";
+        let quotas = [0.25, 0.5, 0.25];
+        let run = || -> Result<(Vec<u32>, Vec<u32>, bool), crate::EngineError> {
+            let asked = device.stage_sms(&quotas)?;
+            let slots =
+                device.create_stage(&[("a", quotas[0]), ("b", quotas[1]), ("c", quotas[2])])?;
+            let granted: Vec<u32> = slots.iter().map(|s| s.sms()).collect();
+            let mut filled = true;
+            for (i, slot) in slots.iter().enumerate() {
+                let value = 0x5107_0000 + i as u32;
+                filled &= slot.fill(4096, value)?.iter().all(|&w| w == value);
+            }
+            Ok((asked, granted, filled))
+        };
+        match run() {
+            Ok((asked, granted, filled)) => GpuCheck::judged(
+                name,
+                asked == granted && filled,
+                format!(
+                    "quotas {quotas:?}: asked {asked:?} SMs, granted {granted:?}; fill on every \
+                     stream {}",
+                    if filled { "ok" } else { "WRONG" }
+                ),
+            ),
+            Err(e) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
+        }
+    }
+}
+
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+mod compute {
+    use std::time::Instant;
+
+    use candle_core::{DType, Device, Tensor};
+    use mosaic_kit::rng::SplitMix64;
+
+    use super::{GpuCheck, Outcome};
+    use crate::models::nn::{to_f32s, Block, BlockDims, ParamBuilder};
+    use crate::models::{self, Model};
+    use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
+    use crate::runtime::trainer::{Compute, TrainConfig, Trainer};
+    use crate::EngineError;
+    use crate::Schedule;
+
+    type Res<T> = Result<T, EngineError>;
+
+    fn tensor(e: candle_core::Error) -> EngineError {
+        EngineError::tensor("check")(e)
+    }
+
+    pub(super) fn run(device: &GpuDevice) -> Vec<GpuCheck> {
+        let mut out = Vec::new();
+        for binding in Binding::ALL {
+            let name = format!("candle ops ({})", binding.name());
+            out.push(outcome(&name, ops(device, binding)));
+        }
+        for model in ["clip-tiny", "omni-tiny"] {
+            for colocated in [false, true] {
+                let name = format!(
+                    "train {model} ({})",
+                    if colocated {
+                        "encoders co-located"
+                    } else {
+                        "one after another"
+                    }
+                );
+                out.push(outcome(&name, train(device.ordinal(), model, colocated)));
+            }
+        }
+        out.push(outcome("SM confinement", confinement(device)));
+        out.push(outcome("co-location", colocation(device)));
+        out
+    }
+
+    fn outcome(name: &str, r: Res<(bool, String)>) -> GpuCheck {
+        match r {
+            Ok((pass, figure)) => GpuCheck::judged(name, pass, figure),
+            Err(e) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
+        }
+    }
+
+    /// Largest |a − b| over the largest |b| (1 if all b are 0).
+    fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        if a.len() == b.len() {
+            diff / scale
+        } else {
+            f32::INFINITY
+        }
+    }
+
+    /// One slot of `quota` for `module`, alone in its stage.
+    fn slot(device: &GpuDevice, module: &str, quota: f64) -> Res<GpuSlot> {
+        device.create_slot(module, quota)
+    }
+
+    /// A transformer block's output and every gradient of Σy², on `dev`, from seed 7.
+    fn block(dev: &Device, x: &[f32], shape: (usize, usize, usize)) -> Res<Vec<Vec<f32>>> {
+        let dims = BlockDims {
+            dim: shape.2,
+            heads: 4,
+            mlp: 4 * shape.2,
+            layers: 1,
+        };
+        let mut pb = ParamBuilder::new(SplitMix64::new(7), dev);
+        let b = Block::new(&mut pb, "b", dims, true).map_err(tensor)?;
+        let params = pb.finish();
+        let x = Tensor::from_slice(x, shape, dev).map_err(tensor)?;
+        let y = b.forward(&x).map_err(tensor)?;
+        let grads = y
+            .sqr()
+            .and_then(|s| s.sum_all())
+            .and_then(|l| l.backward())
+            .map_err(tensor)?;
+        let mut out = vec![to_f32s(&y).map_err(tensor)?];
+        for (_, v) in params.iter() {
+            let g = grads
+                .get(v.as_tensor())
+                .ok_or_else(|| EngineError::BadSetting {
+                    setting: "check".into(),
+                    message: "a block parameter got no gradient".into(),
+                })?;
+            out.push(to_f32s(g).map_err(tensor)?);
+        }
+        Ok(out)
+    }
+
+    /// candle's ops on a 64-SM slot bound by `binding` against the CPU: a causal transformer
+    /// block (LayerNorm, attention with softmax, GELU MLP) forward and backward in f32, and a
+    /// 512³ matmul in bf16 against f32.
+    fn ops(device: &GpuDevice, binding: Binding) -> Res<(bool, String)> {
+        let slot = slot(device, "ops", 0.5)?;
+        let shape = (4, 32, 64);
+        let x = SplitMix64::new(3).normals(shape.0 * shape.1 * shape.2, 1.0);
+        let cpu = block(&Device::Cpu, &x, shape)?;
+        let (gpu, bf16) = {
+            // SAFETY: the device and its tensors are dropped at the end of this block, before
+            // the slot, all on this thread.
+            let dev = unsafe { slot.candle_device(binding)? };
+            let gpu = block(&dev, &x, shape)?;
+            let a = SplitMix64::new(5).normals(512 * 512, 1.0);
+            let b = SplitMix64::new(6).normals(512 * 512, 1.0);
+            let exact = {
+                let a = Tensor::from_slice(&a, (512, 512), &Device::Cpu).map_err(tensor)?;
+                let b = Tensor::from_slice(&b, (512, 512), &Device::Cpu).map_err(tensor)?;
+                to_f32s(&a.matmul(&b).map_err(tensor)?).map_err(tensor)?
+            };
+            let on_gpu = (|| {
+                let a = Tensor::from_slice(&a, (512, 512), &dev)?.to_dtype(DType::BF16)?;
+                let b = Tensor::from_slice(&b, (512, 512), &dev)?.to_dtype(DType::BF16)?;
+                to_f32s(&a.matmul(&b)?)
+            })()
+            .map_err(tensor)?;
+            dev.synchronize().map_err(tensor)?;
+            (gpu, rel_err(&on_gpu, &exact))
+        };
+        let f32_err = cpu
+            .iter()
+            .zip(&gpu)
+            .map(|(c, g)| rel_err(g, c))
+            .fold(0f32, f32::max);
+        Ok((
+            f32_err < 1e-3 && bf16 < 2e-2,
+            format!(
+                "{} SMs: block fwd+bwd f32 max rel err {f32_err:.1e} (bound 1e-3), matmul bf16 \
+                 {bf16:.1e} (bound 2e-2)",
+                slot.sms()
+            ),
+        ))
+    }
+
+    /// The encoders in one stage at equal quotas, the loss module after them.
+    fn colocated_schedule(model: &Model) -> Schedule {
+        let mut s = Schedule::sequential(model, 1);
+        let last = s.stages.pop().expect("a model has modules");
+        let encoders: Vec<_> = s.stages.drain(..).flatten().collect();
+        let quota = 1.0 / encoders.len() as f64;
+        let encoders = encoders
+            .into_iter()
+            .map(|mut p| {
+                p.assignment.sm = quota;
+                p
+            })
+            .collect();
+        s.stages = vec![encoders, last];
+        s
+    }
+
+    /// Loss and every gradient on the GPU against the CPU (same seed, batch 16), then ten
+    /// steps on the GPU whose loss must fall.
+    fn train(ordinal: usize, name: &str, colocated: bool) -> Res<(bool, String)> {
+        let trainer = |compute: Compute| -> Res<Trainer> {
+            let model = models::build(name, 0, &Device::Cpu)?;
+            let schedule = if colocated {
+                colocated_schedule(&model)
+            } else {
+                Schedule::sequential(&model, 1)
+            };
+            let config = TrainConfig {
+                compute,
+                ..TrainConfig::default()
+            };
+            Trainer::new(model, schedule, config)
+        };
+        let (cpu_loss, cpu_grads) = trainer(Compute::Cpu)?.gradients()?;
+        let mut gpu = trainer(Compute::Cuda(ordinal))?;
+        let (gpu_loss, gpu_grads) = gpu.gradients()?;
+        let mut grad_err = 0f32;
+        for (c, g) in cpu_grads.iter().zip(&gpu_grads) {
+            let c = to_f32s(&c.grad).map_err(tensor)?;
+            let g = to_f32s(&g.grad).map_err(tensor)?;
+            grad_err = grad_err.max(rel_err(&g, &c));
+        }
+        let loss_err = (gpu_loss - cpu_loss).abs() / cpu_loss.abs().max(1e-30);
+        let first = gpu.step()?;
+        let mut last = first.clone();
+        for _ in 0..9 {
+            last = gpu.step()?;
+        }
+        let started = Instant::now();
+        let timed = gpu.step()?;
+        let wall = started.elapsed().as_secs_f64() * 1e3;
+        Ok((
+            loss_err < 1e-4 && grad_err < 1e-2 && last.loss < first.loss,
+            format!(
+                "loss {gpu_loss:.5} vs CPU {cpu_loss:.5} (rel {loss_err:.1e}), gradients max rel \
+                 err {grad_err:.1e} (bound 1e-2); 10 steps {:.3} → {:.3}; a step {:.2} ms \
+                 ({wall:.2} ms wall)",
+                first.loss, last.loss, timed.step_ms
+            ),
+        ))
+    }
+
+    /// `n` bf16 matmuls of 4096² on `dev`, timed to the stream's end, in ms.
+    fn matmuls(dev: &Device, n: usize) -> Res<f64> {
+        let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
+        let b = (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3)
+            .map_err(tensor)?;
+        let _warm = a.matmul(&b).map_err(tensor)?;
+        dev.synchronize().map_err(tensor)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            let _ = a.matmul(&b).map_err(tensor)?;
+        }
+        dev.synchronize().map_err(tensor)?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// Matmuls per timing: 4096³ × 2 × 40 = 5.5 TFLOP, ~8 ms on a whole H100.
+    const MATMULS: usize = 40;
+
+    /// The same matmuls on 16 SMs and on 128: the 16-SM slot must be at least 3× slower (an
+    /// H100 ran CLIP's vision tower 5.7× slower on 16 SMs than on 132), or its kernels ran
+    /// outside its SMs.
+    fn confinement(device: &GpuDevice) -> Res<(bool, String)> {
+        let sms = device.sms() as f64;
+        let small = slot(device, "small", 16.0 / sms)?;
+        let large = slot(device, "large", 128.0 / sms)?;
+        let time = |s: &GpuSlot| -> Res<f64> {
+            // SAFETY: dropped at the end of this closure, before the slot, on this thread.
+            let dev = unsafe { s.candle_device(Binding::Primary)? };
+            matmuls(&dev, MATMULS)
+        };
+        let (t_small, t_large) = (time(&small)?, time(&large)?);
+        let ratio = t_small / t_large;
+        Ok((
+            ratio >= 3.0,
+            format!(
+                "{MATMULS} bf16 4096³ matmuls: {t_small:.1} ms on {} SMs, {t_large:.1} ms on {} \
+                 SMs: {ratio:.2}× (bound ≥ 3)",
+                small.sms(),
+                large.sms()
+            ),
+        ))
+    }
+
+    /// Two 64-SM slots of one stage, each running the matmuls from its own thread at once,
+    /// against each alone: they overlap if together they take under 0.8 of the two alone
+    /// (an H100 ran two such GEMM loops in 67 ms together, 53 ms each alone).
+    fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
+        let slots = device.create_stage(&[("a", 0.5), ("b", 0.5)])?;
+        // SAFETY: the devices are dropped at the end of this function, before the slots.
+        let devs = slots
+            .iter()
+            .map(|s| unsafe { s.candle_device(Binding::Primary) })
+            .collect::<Res<Vec<_>>>()?;
+        let alone = devs
+            .iter()
+            .map(|d| matmuls(d, MATMULS))
+            .collect::<Res<Vec<_>>>()?;
+        let t = Instant::now();
+        let together = std::thread::scope(|scope| {
+            let runs: Vec<_> = devs
+                .iter()
+                .map(|d| scope.spawn(move || matmuls(d, MATMULS)))
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("a matmul thread panicked"))
+                .collect::<Res<Vec<_>>>()
+        })?;
+        let wall = t.elapsed().as_secs_f64() * 1e3;
+        let sum: f64 = alone.iter().sum();
+        Ok((
+            wall < 0.8 * sum,
+            format!(
+                "{} + {} SMs: together {wall:.1} ms (each {:.1}, {:.1}), alone {:.1} + {:.1} = \
+                 {sum:.1} ms: {:.2} of the sum (bound < 0.8)",
+                slots[0].sms(),
+                slots[1].sms(),
+                together[0],
+                together[1],
+                alone[0],
+                alone[1],
+                wall / sum
+            ),
+        ))
+    }
+}

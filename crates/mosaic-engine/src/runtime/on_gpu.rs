@@ -1,0 +1,113 @@
+//! Training on a GPU (Mosaic §3.2): every module in a green-context slot of its stage, its
+//! parameters, activations and gradients on candle's CUDA backend bound to the slot's stream
+//! ([`Binding::Primary`](super::slot::cuda::Binding)), so its kernels run on its slot's SMs
+//! only, launched from its own thread. The GPU build alone can ([`place`]); any other build
+//! says how to make one.
+
+use candle_core::Device;
+
+use super::schedule::Schedule;
+use super::slot::{SlotMode, SlotPool};
+use crate::error::EngineError;
+use crate::models::Model;
+
+/// What a trainer on a GPU runs with: every module's slot, created before step 1, its candle
+/// device (indexed by module), and the model with its parameters on those devices.
+pub(crate) struct OnGpu {
+    pub(crate) slots: SlotPool,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) model: Model,
+}
+
+/// The error of a build without GPU compute.
+#[cfg(not(all(feature = "cuda", mosaic_gpu)))]
+pub(crate) fn place(
+    _model: Model,
+    _schedule: &Schedule,
+    ordinal: usize,
+    _mode: SlotMode,
+) -> Result<OnGpu, EngineError> {
+    Err(EngineError::BadSetting {
+        setting: "--device".into(),
+        message: format!(
+            "training on CUDA device {ordinal} needs the GPU build of mosaic, and this one is \
+             not: build it with `scripts/cuda-cargo build --release -p mosaic-cli --features \
+             cuda` (README, \"The engine on a GPU\")"
+        ),
+    })
+}
+
+/// Opens CUDA device `ordinal`, cuts every stage's slots from its SMs
+/// (`GpuDevice::create_stage`: the modules of a stage on disjoint SMs), binds a candle device
+/// to each slot's stream and moves `model`'s parameters onto its modules' devices (same
+/// values). Slots are created here, before training, whatever `mode` says: a module's
+/// parameters live on its slot's stream, so the slot must outlive them.
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+pub(crate) fn place(
+    model: Model,
+    schedule: &Schedule,
+    ordinal: usize,
+    mode: SlotMode,
+) -> Result<OnGpu, EngineError> {
+    use super::slot::cuda::{Binding, GpuDevice};
+    use super::slot::Slot;
+    use crate::models;
+
+    if mode == SlotMode::OnDemand {
+        return Err(EngineError::BadSetting {
+            setting: "slots".into(),
+            message: "training on a GPU keeps each module's tensors on its slot's stream, so \
+                      slots are pooled; `mosaic measure slots` compares pooled with on-demand \
+                      green contexts"
+                .into(),
+        });
+    }
+    let gpu = GpuDevice::open(ordinal)?;
+    let n = model.modules.len();
+    let mut slots: Vec<Option<Slot>> = (0..n).map(|_| None).collect();
+    for stage in &schedule.stages {
+        let modules: Vec<(&str, f64)> = stage
+            .iter()
+            .map(|p| (p.name.as_str(), p.assignment.sm))
+            .collect();
+        for (p, slot) in stage.iter().zip(gpu.create_stage(&modules)?) {
+            slots[p.module()] = Some(Slot::Gpu(slot));
+        }
+    }
+    let slots: Vec<Slot> = slots
+        .into_iter()
+        .map(|s| s.expect("a schedule places every module"))
+        .collect();
+    let devices = slots
+        .iter()
+        .map(|s| {
+            let slot = s.as_gpu().expect("a GPU slot");
+            // SAFETY: the trainer drops its model, optimizers and devices before its slots
+            // (field order), and hands out no tensor on a slot's device.
+            unsafe { slot.candle_device(Binding::Primary) }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let placed = models::build_placed(model.name, model.seed, model.layout, &|name| {
+        let m = model.index_of(name).expect("the same model's modules");
+        devices[m].clone()
+    })?;
+    let mut placed = Model {
+        data: model.data,
+        ..placed
+    };
+    for (to, from) in placed.modules.iter_mut().zip(&model.modules) {
+        for ((_, var), (_, value)) in to.params.iter().zip(from.params.iter()) {
+            let value = value
+                .as_tensor()
+                .to_device(var.device())
+                .map_err(EngineError::tensor(to.name))?;
+            var.set(&value).map_err(EngineError::tensor(to.name))?;
+        }
+    }
+    let specs = schedule.slot_specs(n);
+    Ok(OnGpu {
+        slots: SlotPool::from_slots(specs, slots),
+        devices,
+        model: placed,
+    })
+}

@@ -1,0 +1,86 @@
+//! candle's CUDA device on a green-context slot: what makes a module's kernels, cuBLAS calls
+//! and allocations go to its slot's stream, and so run on the slot's SMs only. The GPU build
+//! alone has it (`--cfg mosaic_gpu`, made by `scripts/cuda-cargo`), since candle's CUDA
+//! backend needs nvcc at build time and a constructor that candle 0.11.1 keeps private
+//! (`CudaDevice::from_context_and_stream`, public in upstream PR #3777; the script builds
+//! against a copy of candle with that one line changed).
+
+use candle_core::{CudaDevice, Device};
+use cudarc::driver::CudaContext;
+
+use super::green::GpuSlot;
+use crate::error::EngineError;
+
+/// How a candle device is bound to a slot. Both give candle the slot's stream; they differ in
+/// the context candle loads its kernels into and makes current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// The GPU's primary context, with the slot's green-context stream: kernels launched on a
+    /// green context's stream run on its SMs (PyTorch's did on an H100, launched the same way
+    /// through the primary context: `measurements/h100/README.md`). Memory and loaded kernels
+    /// are the primary context's, shared by every slot, and any thread may use the device.
+    /// What training uses.
+    Primary,
+    /// The slot's green context itself (`cuCtxFromGreenCtx`): candle loads its kernels into it
+    /// and makes it current. A green context may be current on one thread at a time, so the
+    /// device and all its tensors must stay on one thread; `mosaic check gpu` tries it beside
+    /// [`Binding::Primary`], as the way out should the driver refuse the other.
+    Green,
+}
+
+impl Binding {
+    /// Both, in the order `mosaic check gpu` tries them.
+    pub const ALL: [Binding; 2] = [Binding::Primary, Binding::Green];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Binding::Primary => "primary context + green stream",
+            Binding::Green => "green context + green stream",
+        }
+    }
+}
+
+impl GpuSlot {
+    /// A candle CUDA device whose every kernel launch, cuBLAS call and stream-ordered
+    /// allocation goes to this slot's stream.
+    ///
+    /// # Safety
+    /// The device borrows the slot's stream: the device, its clones and every tensor on it
+    /// must be dropped before the slot. With [`Binding::Green`] they must also be used and
+    /// dropped on one thread at a time.
+    pub(crate) unsafe fn candle_device(&self, binding: Binding) -> Result<Device, EngineError> {
+        let at = |message: String| EngineError::Cuda {
+            what: format!(
+                "binding candle to the slot of module \"{}\" ({})",
+                self.module(),
+                binding.name()
+            ),
+            message,
+        };
+        let (context, stream) = self.handles();
+        let ordinal = self.device_ordinal();
+        let ctx = match binding {
+            Binding::Primary => CudaContext::new(ordinal).map_err(|e| at(e.to_string()))?,
+            Binding::Green => {
+                // Entered, so that cudarc finds the context current and leaves the thread's
+                // context stack as it was.
+                let ctx = self.run(|| {
+                    // SAFETY: a live context of this device, which the slot owns.
+                    unsafe { CudaContext::from_raw_context(ordinal, self.cu_device(), context) }
+                })?;
+                let ctx = ctx.map_err(|e| at(e.to_string()))?;
+                // cudarc destroys a non-primary context when its last handle drops; this one
+                // belongs to the green context, which the slot destroys: keep a handle forever.
+                std::mem::forget(ctx.clone());
+                ctx
+            }
+        };
+        // SAFETY: the stream lives as long as the slot, which the caller keeps alive longer
+        // than the device.
+        let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
+        let device =
+            CudaDevice::from_context_and_stream(ctx, stream).map_err(|e| at(e.to_string()))?;
+        Ok(Device::Cuda(device))
+    }
+}
