@@ -214,6 +214,32 @@ fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
     assert!(stderr(&o).contains("--collective nccl"), "{}", stderr(&o));
 }
 
+/// The zoo-built models train at a small size (`--size`), and a size outside (0, 1], or one
+/// given to a tiny model, is refused naming `--size`.
+#[test]
+fn zoo_built_models_train_at_a_size() {
+    for model in ["clip", "imagebind"] {
+        let o = mosaic(&[
+            "train",
+            "--model",
+            model,
+            "--size",
+            "0.03",
+            "--steps",
+            "3",
+            "--json-log",
+        ]);
+        let steps = losses(&events(&o));
+        assert_eq!(steps.len(), 3, "{model}");
+    }
+    refused(&[
+        ("train --model clip --size 0", "--size"),
+        ("train --model clip --size 1.5", "--size"),
+        ("train --model clip --size NaN", "--size"),
+        ("train --model clip-tiny --size 0.5", "--size"),
+    ]);
+}
+
 /// Where no GPU can run (a CPU build here), `--device cuda` is refused before training, saying
 /// how to get the GPU build, and `mosaic check gpu` skips every check saying why.
 #[test]

@@ -4,7 +4,7 @@
 
 use candle_core::Device;
 use mosaic_engine::measure::{check_gpu, Outcome};
-use mosaic_engine::models::{self, nn::to_f32s, TextLayout};
+use mosaic_engine::models::{self, nn::to_f32s, Recipe};
 use mosaic_engine::runtime::slot::cuda::driver_unavailable;
 use mosaic_engine::{Compute, EngineError, Schedule, TrainConfig, Trainer};
 
@@ -52,7 +52,7 @@ fn the_gpu_check_passes_or_skips_saying_why() {
 fn a_placed_model_has_the_built_models_parameters() {
     for name in ["clip-tiny", "omni-tiny"] {
         let built = models::build(name, 3, &Device::Cpu).unwrap();
-        let placed = models::build_placed(name, 3, TextLayout::Packed, &|_| Device::Cpu).unwrap();
+        let placed = models::build_placed(&Recipe::new(name, 3), &|_| Device::Cpu).unwrap();
         assert_eq!(built.layout, placed.layout);
         for (a, b) in built.modules.iter().zip(&placed.modules) {
             for ((na, va), (nb, vb)) in a.params.iter().zip(b.params.iter()) {

@@ -19,7 +19,7 @@ use mosaic_kit::rng::SplitMix64;
 
 use super::data::{Batch, DataSource, Field, Kind};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
-use super::nn::{log_softmax, one_hot, BlockDims, ParamBuilder};
+use super::nn::{l2_normalise, log_softmax, one_hot, BlockDims, ParamBuilder};
 use super::towers::{Pool, TextLayout, TextTower, Vit};
 
 const DIMS: BlockDims = BlockDims {
@@ -55,11 +55,6 @@ struct Align {
     visual_proj: Tensor,
     text_proj: Tensor,
     logit_scale: Tensor,
-}
-
-fn l2_normalise(x: &Tensor) -> Result<Tensor> {
-    let norm = (x.sqr()?.sum_keepdim(1)? + 1e-12)?.sqrt()?;
-    x.broadcast_div(&norm)
 }
 
 impl Net for Align {
@@ -189,6 +184,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
         coupling: Coupling::Sharded,
         output: Output::Activation,
         params: p.finish(),
+        trainable: true,
         net: Box::new(vision),
     };
 
@@ -200,6 +196,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
         coupling: Coupling::Sharded,
         output: Output::Activation,
         params: p.finish(),
+        trainable: true,
         net: Box::new(text),
     };
 
@@ -216,6 +213,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
         coupling: Coupling::Gathered,
         output: Output::Loss,
         params: p.finish(),
+        trainable: true,
         net: Box::new(align),
     };
 
@@ -225,6 +223,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
                       contrastive head (vision, text → align)",
         seed,
         layout,
+        size: 1.0,
         modules: vec![vision, text, align],
         data: Box::new(ClipData::new(seed)),
     })

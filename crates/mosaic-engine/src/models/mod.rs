@@ -3,9 +3,10 @@
 //! multimodal networks, trainable from random initialisation on synthetic data that is
 //! learnable (the loss really falls).
 //!
-//! The built-in models are not the zoo's analytical models: they are tiny (width 32, one or two
-//! blocks per module) so that they train in milliseconds on a CPU, but they have the zoo
-//! models' module structure, so that plans place them the same way. Each brings its synthetic
+//! Two kinds of built-in models. The tiny ones (`clip-tiny`, `omni-tiny`: width 32, one or two
+//! blocks per module) train in milliseconds on a CPU and have the zoo models' module structure,
+//! so that plans place them the same way. The zoo-built ones ([`zoo`]: `clip`, `imagebind`)
+//! are the zoo's architectures at their real sizes, or scaled down by a size factor. Each brings its synthetic
 //! data ([`DataSource`]); [`data::TensorFile`] reads the user's own tensors instead. Texts have
 //! per-sample lengths and are packed FlowTrain-style with block-diagonal attention masks
 //! ([`packed`]).
@@ -17,6 +18,7 @@ pub mod nn;
 mod omni;
 pub mod packed;
 pub mod towers;
+pub mod zoo;
 
 use candle_core::Device;
 
@@ -36,12 +38,47 @@ pub const MODELS: &[(&str, &str)] = &[
         "ImageBind/OFASys-like: vision, audio and text encoders → transformer backbone \
          (vision, audio, text → backbone)",
     ),
+    (
+        "clip",
+        "the zoo's CLIP ViT-L/14 at its real size (--size scales it): vision, text → align",
+    ),
+    (
+        "imagebind",
+        "the zoo's ImageBind at its real size (--size scales it): frozen vision and text, \
+         trained audio, depth, thermal and IMU encoders → align",
+    ),
 ];
 
+/// What a built-in model is built from: enough to build it again, the same, on other devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recipe {
+    /// A name of [`MODELS`].
+    pub name: String,
+    /// The seed of its parameters and data.
+    pub seed: u64,
+    /// How a tiny model's text tower runs texts.
+    pub layout: TextLayout,
+    /// The size factor of a zoo-built model (in (0, 1]; 1 is the zoo's real size); 1 for the
+    /// tiny models, which have one size.
+    pub size: f64,
+}
+
+impl Recipe {
+    /// `name` from `seed`, packed texts, size 1.
+    pub fn new(name: &str, seed: u64) -> Recipe {
+        Recipe {
+            name: name.to_string(),
+            seed,
+            layout: TextLayout::Packed,
+            size: 1.0,
+        }
+    }
+}
+
 /// Builds the built-in model `name` with parameters and data drawn from `seed`; its texts are
-/// packed ([`TextLayout::Packed`]).
+/// packed ([`TextLayout::Packed`]); a zoo-built model at its real size.
 pub fn build(name: &str, seed: u64, device: &Device) -> Result<Model, EngineError> {
-    build_with(name, seed, device, TextLayout::Packed)
+    build_placed(&Recipe::new(name, seed), &|_| device.clone())
 }
 
 /// [`build`], with the text tower running texts as `layout` says: the same parameters and
@@ -52,23 +89,33 @@ pub fn build_with(
     device: &Device,
     layout: TextLayout,
 ) -> Result<Model, EngineError> {
-    build_placed(name, seed, layout, &|_| device.clone())
+    let recipe = Recipe {
+        layout,
+        ..Recipe::new(name, seed)
+    };
+    build_placed(&recipe, &|_| device.clone())
 }
 
-/// [`build_with`], every module's parameters on the device `place` gives for its name (its
-/// GPU slot's, when training on a GPU).
-pub fn build_placed(
-    name: &str,
-    seed: u64,
-    layout: TextLayout,
-    place: &dyn Fn(&str) -> Device,
-) -> Result<Model, EngineError> {
-    let model = match name.to_ascii_lowercase().as_str() {
-        "clip-tiny" => clip::build(seed, place, layout),
-        "omni-tiny" => omni::build(seed, place, layout),
+/// The model `recipe` describes, every module's parameters on the device `place` gives for its
+/// name (its GPU slot's, when training on a GPU).
+pub fn build_placed(recipe: &Recipe, place: &dyn Fn(&str) -> Device) -> Result<Model, EngineError> {
+    let name = recipe.name.to_ascii_lowercase();
+    let tiny = name.ends_with("-tiny");
+    if tiny && recipe.size != 1.0 {
+        return Err(EngineError::BadSetting {
+            setting: "--size".into(),
+            message: format!(
+                "{name} has one size; --size scales the zoo-built models (clip, imagebind)"
+            ),
+        });
+    }
+    let model = match name.as_str() {
+        "clip-tiny" => clip::build(recipe.seed, place, recipe.layout),
+        "omni-tiny" => omni::build(recipe.seed, place, recipe.layout),
+        "clip" | "imagebind" => zoo::build(&name, recipe.seed, recipe.size, place),
         _ => {
             return Err(EngineError::UnknownModel {
-                name: name.to_string(),
+                name: recipe.name.clone(),
                 known: MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", "),
             })
         }

@@ -95,8 +95,11 @@ pub struct Module {
     pub coupling: Coupling,
     /// What it produces.
     pub output: Output,
-    /// Its trainable parameters (one copy per process; in-process replicas share it).
+    /// Its parameters (one copy per process; in-process replicas share it).
     pub params: Params,
+    /// Trained, or frozen: run forward only, its parameters never change (the zoo marks
+    /// frozen modules, e.g. ImageBind's image and text encoders).
+    pub trainable: bool,
     /// Its computation.
     pub net: Box<dyn Net>,
 }
@@ -179,6 +182,8 @@ pub struct Model {
     pub seed: u64,
     /// How its text tower runs texts.
     pub layout: TextLayout,
+    /// Its size factor (1: as built; see [`super::zoo`]).
+    pub size: f64,
     /// Modules; every input of a module refers to an earlier one.
     pub modules: Vec<Module>,
     /// The data it trains on.
@@ -186,6 +191,16 @@ pub struct Model {
 }
 
 impl Model {
+    /// What it was built from, to build it again elsewhere ([`super::build_placed`]).
+    pub fn recipe(&self) -> super::Recipe {
+        super::Recipe {
+            name: self.name.to_string(),
+            seed: self.seed,
+            layout: self.layout,
+            size: self.size,
+        }
+    }
+
     /// The index of the module called `name`.
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.modules.iter().position(|m| m.name == name)

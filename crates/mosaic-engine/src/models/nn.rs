@@ -46,6 +46,7 @@ impl Params {
 /// on the `Var` is seen by the layer).
 pub struct ParamBuilder {
     device: Device,
+    compute: DType,
     rng: SplitMix64,
     prefix: Vec<String>,
     params: Params,
@@ -56,10 +57,26 @@ impl ParamBuilder {
     pub fn new(rng: SplitMix64, device: &Device) -> ParamBuilder {
         ParamBuilder {
             device: device.clone(),
+            compute: DType::F32,
             rng,
             prefix: Vec::new(),
             params: Params::default(),
         }
+    }
+
+    /// The same builder, its layers' matrix products in `dtype` (mixed precision: parameters
+    /// stay f32 master weights, each product casts its operands to `dtype` and its result
+    /// back to f32, as autocast does; everything else runs in f32). `F32` by default.
+    pub fn computing_in(self, dtype: DType) -> ParamBuilder {
+        ParamBuilder {
+            compute: dtype,
+            ..self
+        }
+    }
+
+    /// The dtype of its layers' matrix products.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
     }
 
     /// Runs `f` with `name` appended to the parameter-name prefix (`blocks.0.attn.qkv.weight`).
@@ -108,6 +125,14 @@ impl ParamBuilder {
 pub struct Linear {
     weight: Tensor,
     bias: Tensor,
+    compute: DType,
+}
+
+/// `a · b` with both operands cast to `dtype` and the product back to f32 (no-ops in f32).
+pub fn matmul_in(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
+    a.to_dtype(dtype)?
+        .matmul(&b.to_dtype(dtype)?)?
+        .to_dtype(DType::F32)
 }
 
 impl Linear {
@@ -117,6 +142,7 @@ impl Linear {
             Ok(Linear {
                 weight: pb.normal("weight", &[outputs, inputs], (inputs as f64).powf(-0.5))?,
                 bias: pb.constant("bias", &[outputs], 0.0)?,
+                compute: pb.compute,
             })
         })
     }
@@ -128,8 +154,7 @@ impl Linear {
         let rows = x.elem_count() / inputs;
         let mut out_shape = dims.to_vec();
         *out_shape.last_mut().unwrap() = self.weight.dim(0)?;
-        x.reshape((rows, inputs))?
-            .matmul(&self.weight.t()?)?
+        matmul_in(&x.reshape((rows, inputs))?, &self.weight.t()?, self.compute)?
             .broadcast_add(&self.bias)?
             .reshape(out_shape)
     }
@@ -227,7 +252,8 @@ impl Attention {
         let q = qkv.get(0)?.contiguous()?;
         let k = qkv.get(1)?.contiguous()?;
         let v = qkv.get(2)?.contiguous()?;
-        let mut scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
+        let dtype = self.qkv.compute;
+        let mut scores = (matmul_in(&q, &k.t()?, dtype)? * (hd as f64).powf(-0.5))?;
         if self.causal {
             let mask: Vec<f32> = (0..t)
                 .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
@@ -241,8 +267,7 @@ impl Attention {
         // The generic softmax: composed ops, so it has a backward pass (softmax_last_dim has not).
         // It subtracts the row maximum, so masked scores underflow to weights of exactly 0.
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let y = weights
-            .matmul(&v)? // [b, heads, t, hd]
+        let y = matmul_in(&weights, &v, dtype)? // [b, heads, t, hd]
             .transpose(1, 2)?
             .reshape((b, t, dim))?;
         self.out.forward(&y)
@@ -325,6 +350,12 @@ pub fn run_blocks_masked(blocks: &[Block], mut x: Tensor, mask: Option<&Tensor>)
         x = b.forward_masked(&x, mask)?;
     }
     Ok(x)
+}
+
+/// Rows of `x` (`[rows, features]`) scaled to unit length.
+pub fn l2_normalise(x: &Tensor) -> Result<Tensor> {
+    let norm = (x.sqr()?.sum_keepdim(1)? + 1e-12)?.sqrt()?;
+    x.broadcast_div(&norm)
 }
 
 /// A one-hot `[rows, classes]` f32 matrix of `labels`.

@@ -186,6 +186,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
             coupling: Coupling::Sharded,
             output: Output::Activation,
             params: p.finish(),
+            trainable: true,
             net,
         };
 
@@ -222,6 +223,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
         coupling: Coupling::Sharded,
         output: Output::Loss,
         params: p.finish(),
+        trainable: true,
         net: Box::new(net),
     };
 
@@ -238,6 +240,7 @@ pub fn build(seed: u64, place: &dyn Fn(&str) -> Device, layout: TextLayout) -> R
                       that classifies (ImageBind/OFASys-like)",
         seed,
         layout,
+        size: 1.0,
         modules: vec![vision, audio, text, backbone],
         data: Box::new(data),
     })

@@ -87,7 +87,7 @@ pub(crate) fn place(
             unsafe { slot.candle_device(Binding::Primary) }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let placed = models::build_placed(model.name, model.seed, model.layout, &|name| {
+    let placed = models::build_placed(&model.recipe(), &|name| {
         let m = model.index_of(name).expect("the same model's modules");
         devices[m].clone()
     })?;

@@ -590,10 +590,17 @@ impl Trainer {
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
         let out_grad = sum_all(here).map_err(err())?;
-        let per_replica = each_replica(device, &tape.replicas, |r| {
-            module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs)
-        })
-        .map_err(err())?;
+        // A frozen module back-propagates only for the gradients of its inputs, so one that
+        // reads data only does not at all.
+        let reads_modules = module.inputs.iter().any(|i| matches!(i, Input::Module(_)));
+        let per_replica = if module.trainable || reads_modules {
+            each_replica(device, &tape.replicas, |r| {
+                module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs)
+            })
+            .map_err(err())?
+        } else {
+            Vec::new()
+        };
         let (params, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
 
         // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
@@ -609,14 +616,28 @@ impl Trainer {
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
 
-        // No replica on this rank: nothing to reduce or update.
-        let param_grads = match self.reduce_params(m, params)? {
-            Some(params) if apply => {
-                let mut opt = self.optimizers[m].lock().expect("optimizer lock");
-                opt.step(&module.params, &params).map_err(err())?;
-                None
+        let param_grads = if !module.trainable {
+            // Frozen: no update, no all-reduce; zero gradients when asked for.
+            let zeros = || {
+                module
+                    .params
+                    .iter()
+                    .map(|(_, v)| v.as_tensor().zeros_like())
+            };
+            (!apply)
+                .then(|| zeros().collect::<candle_core::Result<Vec<_>>>())
+                .transpose()
+                .map_err(err())?
+        } else {
+            // No replica on this rank: nothing to reduce or update.
+            match self.reduce_params(m, params)? {
+                Some(params) if apply => {
+                    let mut opt = self.optimizers[m].lock().expect("optimizer lock");
+                    opt.step(&module.params, &params).map_err(err())?;
+                    None
+                }
+                params => params,
             }
-            params => params,
         };
         device.synchronize().map_err(err())?;
         drop(from_consumers);
