@@ -240,6 +240,32 @@ fn zoo_built_models_train_at_a_size() {
     ]);
 }
 
+/// `mosaic bench engine` on the CPU: a row per (model, batch) with the Mosaic plan's and the
+/// one-after-another schedule's measured step times; the prediction error only on a GPU.
+#[test]
+fn bench_engine_measures_the_plan_against_one_after_another() {
+    let o = mosaic(&[
+        "bench", "engine", "--device", "cpu", "--size", "0.03", "--steps", "1", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect();
+    assert_eq!(rows.len(), 4, "clip and imagebind at batches 16 and 2");
+    for r in &rows {
+        assert!(r["mosaic_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["sequential_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["prediction_error"].is_null(), "{r}");
+    }
+    refused(&[
+        ("bench engine --device cpu --size 0", "--size"),
+        ("bench engine --device cpu --models nope", "--models"),
+        ("bench engine --device cpu --batches 1", "--batches"),
+    ]);
+}
+
 /// Where no GPU can run (a CPU build here), `--device cuda` is refused before training, saying
 /// how to get the GPU build, and `mosaic check gpu` skips every check saying why.
 #[test]

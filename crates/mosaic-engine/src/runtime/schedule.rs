@@ -193,8 +193,13 @@ impl Schedule {
         Ok(ranks)
     }
 
-    /// A one-line picture: `[vision×2@0.5 text@0.5] → [align]`.
+    /// A one-line picture with each slot's threads: `[vision×2@1t text@1t] → [align@2t]`.
     pub fn describe(&self) -> String {
+        self.describe_with(|p| format!("{}t", p.threads))
+    }
+
+    /// The stages as `[vision×2@X text@X] → [align@X]`, X being `at(placement)`.
+    pub fn describe_with(&self, at: impl Fn(&Placement) -> String) -> String {
         self.stages
             .iter()
             .map(|s| {
@@ -206,7 +211,7 @@ impl Schedule {
                         } else {
                             String::new()
                         };
-                        format!("{}{dp}@{}t", p.name, p.threads)
+                        format!("{}{dp}@{}", p.name, at(p))
                     })
                     .collect();
                 format!("[{}]", mods.join(" "))

@@ -16,6 +16,8 @@ use mosaic_plan::{solve, Plan, Search, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
 
 mod data;
+#[cfg(feature = "engine")]
+mod engine;
 
 /// Arguments of `mosaic bench`: the planner's grid, or a verb.
 /// (`main.rs` keeps the grid's flags and the verbs apart.)
@@ -33,12 +35,20 @@ enum Verb {
     /// The data side: FlowTrain packing per global batch at 2K–32K tokens, DistTrain
     /// reordering of 10⁴ samples.
     Data(data::Args),
+    /// The engine's gain, measured: a zoo-built model trained by the Mosaic plan for one GPU
+    /// against every module alone on the whole device one after another, at each per-GPU
+    /// batch, with the planner's prediction error (needs the engine feature; a GPU with the
+    /// GPU build, or --device cpu).
+    #[cfg(feature = "engine")]
+    Engine(engine::Args),
 }
 
 /// Runs `mosaic bench`.
 pub fn run(args: Args) -> Result<()> {
     match args.verb {
         Some(Verb::Data(a)) => data::run(&a),
+        #[cfg(feature = "engine")]
+        Some(Verb::Engine(a)) => engine::run(&a),
         None => run_plans(args.plan),
     }
 }

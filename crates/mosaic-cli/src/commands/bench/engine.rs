@@ -1,0 +1,191 @@
+//! `mosaic bench engine`: the gain of temporal-spatial multiplexing, measured (Mosaic §5.3.1).
+//! On the device present — one GPU (`--device cuda`) or this machine's CPU — a zoo-built model
+//! trains by the Mosaic plan for one GPU and by every module alone on the whole device one
+//! after another (Megatron-LM's schedule; DistMM's whole-GPU stages are the same schedule on
+//! one GPU), at each per-GPU batch; it prints the measured step times, the speed-up and the
+//! planner's prediction error for the plan it ran.
+//!
+//! The plan comes from the zoo's profile of the model (the calibrated device model of
+//! `--cluster`'s device, per-GPU batch as its batch), so its prediction is about the model at
+//! its real size on that device: the error is printed for `--size 1` on a GPU only.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use mosaic_engine::measure::available_cores;
+use mosaic_engine::models::{self, Model, Recipe};
+use mosaic_engine::{Compute, Device, Schedule, TrainConfig, Trainer};
+use mosaic_kit::stats::median;
+use mosaic_plan::{solve, Plan, SolveOptions};
+use mosaic_profile::PerfModel;
+use serde_json::json;
+
+use crate::commands::engine::{engine, one_process, pin_candle_threads};
+use crate::input::BadInput;
+
+/// Arguments of `mosaic bench engine`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Zoo-built engine models to measure: clip, imagebind.
+    #[arg(long, value_delimiter = ',', default_values_t = ["clip".to_string(), "imagebind".to_string()])]
+    models: Vec<String>,
+    /// Per-GPU batches (the paper's 16 samples on 1 and on 8 GPUs: 16 and 2).
+    #[arg(long, value_delimiter = ',', default_values_t = [16usize, 2],
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=4096))]
+    batches: Vec<usize>,
+    /// Where the modules compute: cuda (green-context slots on GPU 0; the GPU build) or cpu.
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    device: String,
+    /// Scale the models down by this factor in (0, 1] (1: real size).
+    #[arg(long, default_value_t = 1.0)]
+    size: f64,
+    /// The built-in cluster whose device the plan's profile describes (one GPU of it is used).
+    #[arg(long, default_value = "h100x1")]
+    cluster: String,
+    /// Timed steps of each schedule, after 2 warm-up steps; the median counts (1–1,000).
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    steps: usize,
+    /// One JSON object per (model, batch) per line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One measured (model, batch).
+struct Row {
+    model: String,
+    batch: usize,
+    plan: String,
+    predicted_ms: f64,
+    mosaic_ms: f64,
+    sequential_ms: f64,
+}
+
+/// Runs `mosaic bench engine`.
+pub fn run(args: &Args) -> Result<()> {
+    one_process("mosaic bench engine")?;
+    if !(args.size > 0.0 && args.size <= 1.0) {
+        return Err(BadInput(format!(
+            "--size: expected a factor in (0, 1], got {}",
+            args.size
+        ))
+        .into());
+    }
+    pin_candle_threads();
+    let cluster =
+        mosaic_zoo::cluster(&args.cluster).map_err(|e| BadInput(format!("--cluster: {e}")))?;
+    let compute = match args.device.as_str() {
+        "cuda" => Compute::Cuda(0),
+        _ => Compute::Cpu,
+    };
+    if !args.json {
+        println!(
+            "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
+            "model", "batch", "predicted ms", "Mosaic ms", "1-by-1 ms", "speed-up", "pred. err"
+        );
+    }
+    for name in &args.models {
+        let mut spec = mosaic_zoo::model(name).map_err(|e| BadInput(format!("--models: {e}")))?;
+        for &batch in &args.batches {
+            spec.single_node_batch = batch as u32;
+            spec.global_batch = batch as u32;
+            let plan = plan_for(&spec, &cluster)?;
+            let row = measure(name, batch, &plan, args, compute)?;
+            print_row(&row, args)?;
+        }
+    }
+    if !args.json && args.device == "cpu" {
+        println!(
+            "(on the CPU a quota is round(quota × {}) threads; the prediction is for the \
+             real model on the cluster's GPU)",
+            available_cores()
+        );
+    }
+    Ok(())
+}
+
+/// The Mosaic plan for one GPU of `cluster` on the zoo's profile of `spec`.
+fn plan_for(spec: &mosaic_zoo::ModelSpec, cluster: &mosaic_zoo::ClusterSpec) -> Result<Plan> {
+    let profile = mosaic_zoo::profile(spec, cluster);
+    let perf = PerfModel::new(&profile, 0.1, Path::new(&spec.name))?;
+    solve(&perf, 1, &SolveOptions::default())
+        .with_context(|| format!("planning {} on one GPU", spec.name))
+}
+
+/// Median step time of `schedule`, in ms.
+fn time(
+    model: Model,
+    schedule: Schedule,
+    batch: usize,
+    steps: usize,
+    compute: Compute,
+) -> Result<f64> {
+    let config = TrainConfig {
+        batch,
+        compute,
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(model, schedule, config).map_err(engine)?;
+    for _ in 0..2 {
+        trainer.step().map_err(engine)?;
+    }
+    let times = (0..steps)
+        .map(|_| trainer.step().map(|r| r.step_ms).map_err(engine))
+        .collect::<Result<Vec<f64>>>()?;
+    Ok(median(&times).expect("at least one timed step"))
+}
+
+fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute) -> Result<Row> {
+    let cores = available_cores();
+    let build = || -> Result<Model> {
+        let recipe = Recipe {
+            size: args.size,
+            ..Recipe::new(name, 0)
+        };
+        models::build_placed(&recipe, &|_| Device::Cpu).map_err(engine)
+    };
+    let model = build()?;
+    let mosaic = Schedule::from_plan(plan, Path::new("(the Mosaic plan)"), &model, batch, cores)
+        .map_err(engine)?;
+    let described = mosaic.describe_with(|p| format!("{:.2}", p.assignment.sm));
+    let mosaic_ms = time(model, mosaic, batch, args.steps, compute)?;
+    let model = build()?;
+    let sequential = Schedule::sequential(&model, cores);
+    let sequential_ms = time(model, sequential, batch, args.steps, compute)?;
+    Ok(Row {
+        model: name.to_string(),
+        batch,
+        plan: described,
+        predicted_ms: plan.iteration_ms,
+        mosaic_ms,
+        sequential_ms,
+    })
+}
+
+fn print_row(row: &Row, args: &Args) -> Result<()> {
+    let predicts = args.size == 1.0 && args.device == "cuda";
+    let error = predicts.then(|| (row.predicted_ms - row.mosaic_ms) / row.mosaic_ms);
+    if args.json {
+        let line = json!({
+            "model": row.model, "batch": row.batch, "device": args.device, "size": args.size,
+            "plan": row.plan, "predicted_ms": row.predicted_ms, "mosaic_ms": row.mosaic_ms,
+            "sequential_ms": row.sequential_ms, "speedup": row.sequential_ms / row.mosaic_ms,
+            "prediction_error": error,
+        });
+        println!("{}", serde_json::to_string(&line)?);
+    } else {
+        let error = error.map_or("n/a".to_string(), |e| format!("{:+.1}%", 100.0 * e));
+        println!(
+            "{:<10} {:>5}  {:>12.1} {:>12.2} {:>12.2} {:>7.2}× {:>10}  {}",
+            row.model,
+            row.batch,
+            row.predicted_ms,
+            row.mosaic_ms,
+            row.sequential_ms,
+            row.sequential_ms / row.mosaic_ms,
+            error,
+            row.plan
+        );
+    }
+    Ok(())
+}
