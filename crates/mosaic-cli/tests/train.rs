@@ -87,6 +87,16 @@ fn trains_with_a_json_log() {
             .unwrap()
             > 0.0
     );
+    // Host time (until the module waited for its slot) never exceeds the pass's time.
+    for stage in ev[1]["stages"].as_array().unwrap() {
+        for m in stage["modules"].as_array().unwrap() {
+            for pass in ["forward", "backward"] {
+                let host = m[format!("{pass}_host_ms")].as_f64().unwrap();
+                let all = m[format!("{pass}_ms")].as_f64().unwrap();
+                assert!(host > 0.0 && host <= all, "{m}");
+            }
+        }
+    }
     assert_eq!(ev[5]["event"], "done");
 }
 

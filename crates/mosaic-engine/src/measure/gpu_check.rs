@@ -108,7 +108,8 @@ mod on_device {
         out
     }
 
-    /// A stage of quotas [0.25, 0.5, 0.25]: SMs granted as asked, and a fill on each stream.
+    /// A stage of quotas [0.25, 0.5, 0.25], then a module alone at quota 1 (the last figure,
+    /// every SM): SMs granted as asked, and a fill on each stream.
     fn slots(device: &GpuDevice) -> GpuCheck {
         let name = "green-context slots";
         let quotas = [0.25, 0.5, 0.25];
@@ -122,6 +123,13 @@ mod on_device {
                 let value = 0x5107_0000 + i as u32;
                 filled &= slot.fill(4096, value)?.iter().all(|&w| w == value);
             }
+            // A module alone at quota 1 holds every SM.
+            let alone = device.create_slot("alone", 1.0)?;
+            filled &= alone.fill(16, 9)?.iter().all(|&w| w == 9);
+            let mut asked = asked;
+            asked.push(device.sms());
+            let mut granted = granted;
+            granted.push(alone.sms());
             Ok((asked, granted, filled))
         };
         match run() {
@@ -364,13 +372,25 @@ mod compute {
         let started = Instant::now();
         let timed = gpu.step()?;
         let wall = started.elapsed().as_secs_f64() * 1e3;
+        // How much of each module's time the host spent issuing its work (launch-bound near 1).
+        let launch: Vec<String> = (timed.stages.iter().flat_map(|s| &s.modules))
+            .map(|t| {
+                let share = (t.forward_host_ms + t.backward_host_ms)
+                    / (t.forward_ms + t.backward_ms).max(1e-9);
+                format!("{} {:.0}%", t.name, 100.0 * share)
+            })
+            .collect();
         Ok((
             loss_err < loss_bound && grad_err < grad_bound && last.loss < first.loss,
             format!(
                 "loss {gpu_loss:.5} vs CPU {cpu_loss:.5} (rel {loss_err:.1e}, bound \
                  {loss_bound:.0e}), gradients max rel err {grad_err:.1e} (bound \
-                 {grad_bound:.0e}); 10 steps {:.3} → {:.3}; a step {:.2} ms ({wall:.2} ms wall)",
-                first.loss, last.loss, timed.step_ms
+                 {grad_bound:.0e}); 10 steps {:.3} → {:.3}; a step {:.2} ms ({wall:.2} ms wall); \
+                 host launch share {}",
+                first.loss,
+                last.loss,
+                timed.step_ms,
+                launch.join(", ")
             ),
         ))
     }

@@ -89,6 +89,12 @@ pub struct ModuleTiming {
     pub forward_ms: f64,
     /// Its backward pass and optimizer step, in ms.
     pub backward_ms: f64,
+    /// Of its forward pass, the time the host took to issue the work, in ms: until it waited
+    /// for its slot's stream. On a GPU, where kernels run asynchronously, a host time close to
+    /// the pass's time means the module is launch-bound; on a CPU the two are the same.
+    pub forward_host_ms: f64,
+    /// The same for its backward pass and optimizer step, in ms.
+    pub backward_host_ms: f64,
 }
 
 /// A stage's times in one step.
@@ -164,6 +170,8 @@ struct Forward {
     /// This rank's share of the batch loss, for the loss module.
     loss: Option<Tensor>,
     began: Instant,
+    /// Until the host waited for the slot's stream.
+    host_ms: f64,
     ms: f64,
 }
 
@@ -174,6 +182,8 @@ struct Backward {
     /// Summed parameter gradients, when not applied.
     param_grads: Option<Vec<Tensor>>,
     began: Instant,
+    /// Until the host waited for the slot's stream.
+    host_ms: f64,
     ms: f64,
 }
 
@@ -418,6 +428,8 @@ impl Trainer {
                     name: p.name.clone(),
                     forward_ms: f.ms,
                     backward_ms: 0.0,
+                    forward_host_ms: f.host_ms,
+                    backward_host_ms: 0.0,
                 });
                 let err = EngineError::tensor(&p.name);
                 match self.model.modules[p.module()].output {
@@ -472,6 +484,7 @@ impl Trainer {
                     .backward_launch_ms
                     .max(micro((b.began - t0).as_secs_f64() * 1e3));
                 timing.backward_ms = b.ms;
+                timing.backward_host_ms = b.host_ms;
                 self.hand_back(p.module(), b.input_grads, &mut grads_in)?;
                 if let Some(g) = b.param_grads {
                     param_grads[p.module()] = g;
@@ -559,12 +572,14 @@ impl Trainer {
             Output::Loss => (None, sum_all(local).map_err(err())?),
         };
         // The module's work is done when its stream is (the stage waits for its slowest).
+        let host_ms = ms(began);
         device.synchronize().map_err(err())?;
         Ok(Forward {
             replicas,
             output,
             loss,
             began,
+            host_ms,
             ms: ms(began),
         })
     }
@@ -639,12 +654,14 @@ impl Trainer {
                 params => params,
             }
         };
+        let host_ms = ms(began);
         device.synchronize().map_err(err())?;
         drop(from_consumers);
         Ok(Backward {
             input_grads,
             param_grads,
             began,
+            host_ms,
             ms: ms(began),
         })
     }

@@ -147,7 +147,7 @@ impl GpuDevice {
     }
 
     /// The slots of one stage, `(module, quota)` each, on disjoint SMs: a green context and a
-    /// stream per module.
+    /// stream per module; a module alone at quota 1 gets the whole device's SMs.
     ///
     /// [`partition_sms`] first takes SMs back from the modules rounded up the most until the
     /// stage fits the device, then the stage's SMs are split off one module at a time with
@@ -159,6 +159,20 @@ impl GpuDevice {
     /// overlap in time. [`GpuSlot::sms`] reports what the driver granted, read back from the
     /// slot's context.
     pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
+        // A module alone at the whole GPU gets every SM: a green context of the device's whole
+        // SM resource, since a split hands out at most ⌊SMs/step⌋·step (128 of an H100's 132).
+        if let [(module, quota)] = *modules {
+            if quota >= 1.0 {
+                let whole = self.inner.whole;
+                return Ok(vec![GpuSlot::create(
+                    &self.inner,
+                    module,
+                    quota,
+                    &whole,
+                    Arc::new(Vec::new()),
+                )?]);
+            }
+        }
         let quotas: Vec<f64> = modules.iter().map(|m| m.1).collect();
         let sms = self.stage_sms(&quotas)?;
         let device = &self.inner;

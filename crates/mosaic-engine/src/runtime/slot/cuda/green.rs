@@ -368,5 +368,11 @@ mod tests {
         drop(outer);
         assert_eq!(slot.run(|| 41 + 1), 42);
         assert_eq!(slot.sms(), Some(granted[0]));
+        // A module alone at quota 1 holds every SM, not the largest split's.
+        let whole = device
+            .create_slot("alone", 1.0)
+            .expect("a whole-device slot");
+        assert_eq!(whole.sms(), device.sms());
+        assert_eq!(whole.fill(16, 9).unwrap(), [9; 16]);
     }
 }
