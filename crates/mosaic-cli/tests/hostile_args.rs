@@ -585,7 +585,13 @@ fn train_and_data_refuse_hostile_arguments() {
     c.inputs(train, "--plan", &f);
     c.inputs(train, "--data", &f);
     c.refuse(&format!("{train} --collective=''"), "--collective");
+    c.refuse(&format!("{train} --device=''"), "--device");
+    c.refuse(&format!("{train} --device=cuda"), "--device");
     c.refuse("train --model='' --steps 1", "model \"\"");
+    // --size scales the zoo-built models: a factor in (0, 1]; tiny models have one size.
+    c.numbers("train --model clip --steps 1", "--size", &[]);
+    c.accept("train --model imagebind --steps 1 --size=0.02");
+    c.refuse(&format!("{train} --size=0.5"), "--size");
     // --checkpoint-dir: created with its parents; a file, or a checkpoint that is a directory
     // or random bytes, is refused before training.
     let created = f.dir.join("new-parent").join("ckpt");
@@ -628,6 +634,38 @@ fn train_and_data_refuse_hostile_arguments() {
         "--out",
         &f,
     );
+    c.check(&f);
+}
+
+#[cfg(feature = "engine")]
+#[test]
+fn check_and_bench_engine_refuse_hostile_arguments() {
+    let f = Files::new("check");
+    let mut c = Cases::default();
+    // No GPU here: the check skips saying why (exit 0) for any device number it accepts.
+    c.numbers("check gpu", "--device", &["0"]);
+    c.refuse("check gpu --device=1024", "--device");
+    let bench = "bench engine --device cpu --size 0.02 --steps 1 --models clip --batches 2";
+    c.accept(bench);
+    c.numbers(
+        "bench engine --device cpu --steps 1 --models clip --batches 2",
+        "--size",
+        &[],
+    );
+    c.numbers(
+        "bench engine --device cpu --size 0.02 --models clip --batches 2",
+        "--steps",
+        &[],
+    );
+    c.refuse(&format!("{bench} --steps=1001"), "--steps");
+    c.numbers(
+        "bench engine --device cpu --size 0.02 --steps 1 --models clip",
+        "--batches",
+        &[],
+    );
+    c.refuse(&format!("{bench} --models=''"), "--models");
+    c.refuse(&format!("{bench} --device=tpu"), "--device");
+    c.refuse(&format!("{bench} --cluster=nope"), "--cluster");
     c.check(&f);
 }
 
