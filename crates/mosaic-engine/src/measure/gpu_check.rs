@@ -172,7 +172,7 @@ mod compute {
         let mut out = Vec::new();
         for binding in Binding::ALL {
             let name = format!("candle ops ({})", binding.name());
-            out.push(outcome(&name, ops(device, binding)));
+            out.push(outcome(&name, || ops(device, binding)));
         }
         // Tiny models in f32 on both devices; zoo-built ones at a small size, bf16 products
         // on the GPU against f32 on the CPU, so within bf16's tolerance.
@@ -197,19 +197,27 @@ mod compute {
                         "one after another"
                     }
                 );
-                let run = train(device.ordinal(), model, size, colocated, bounds);
+                let run = || train(device.ordinal(), model, size, colocated, bounds);
                 out.push(outcome(&name, run));
             }
         }
-        out.push(outcome("SM confinement", confinement(device)));
-        out.push(outcome("co-location", colocation(device)));
+        out.push(outcome("SM confinement", || confinement(device)));
+        out.push(outcome("co-location", || colocation(device)));
         out
     }
 
-    fn outcome(name: &str, r: Res<(bool, String)>) -> GpuCheck {
-        match r {
-            Ok((pass, figure)) => GpuCheck::judged(name, pass, figure),
-            Err(e) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
+    /// Runs one check; a panic inside it (candle and cudarc panic on some CUDA failures) fails
+    /// that check only, so the checks after it still run.
+    fn outcome(name: &str, check: impl FnOnce() -> Res<(bool, String)>) -> GpuCheck {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+            Ok(Ok((pass, figure))) => GpuCheck::judged(name, pass, figure),
+            Ok(Err(e)) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
+            Err(panic) => {
+                let why = (panic.downcast_ref::<String>().cloned())
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into());
+                GpuCheck::new(name, Outcome::Fail, format!("panicked: {why}"))
+            }
         }
     }
 
