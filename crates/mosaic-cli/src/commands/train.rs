@@ -389,11 +389,21 @@ fn announce(
         } else {
             String::new()
         };
+        let sms = trainer.slot_sms();
+        let (schedule, on) = match args.device {
+            DeviceArg::Cpu => (trainer.schedule().describe(), format!("{cores} core(s)")),
+            DeviceArg::Cuda => (
+                (trainer.schedule()).describe_with(|p| match sms[p.module()] {
+                    Some(n) => format!("{n}SM"),
+                    None => format!("{:.2}", p.assignment.sm),
+                }),
+                "a GPU".to_string(),
+            ),
+        };
         eprintln!(
-            "{} ({} parameters) by {} on {cores} core(s){ranks}, batch {} of {data_name} data{}",
+            "{} ({} parameters) by {schedule} on {on}{ranks}, batch {} of {data_name} data{}",
             m.name,
             m.param_count(),
-            trainer.schedule().describe(),
             args.batch,
             match resumed_from {
                 Some(s) => format!(", resuming at step {s}"),

@@ -303,6 +303,14 @@ impl Trainer {
         self.slots.created()
     }
 
+    /// The SMs each module's slot holds (indexed by module), on a GPU; `None` for CPU slots
+    /// and slots made on demand.
+    pub fn slot_sms(&self) -> Vec<Option<u32>> {
+        (0..self.model.modules.len())
+            .map(|m| self.slots.pooled(m).and_then(Slot::sms))
+            .collect()
+    }
+
     /// The collective the replicas use.
     pub fn collective(&self) -> &dyn Collective {
         &*self.collective

@@ -78,12 +78,7 @@ pub fn run(args: &Args) -> Result<()> {
         "cuda" => Compute::Cuda(0),
         _ => Compute::Cpu,
     };
-    if !args.json {
-        println!(
-            "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
-            "model", "batch", "predicted ms", "Mosaic ms", "1-by-1 ms", "speed-up", "pred. err"
-        );
-    }
+    let mut header = !args.json;
     for name in &args.models {
         let mut spec = mosaic_zoo::model(name).map_err(|e| BadInput(format!("--models: {e}")))?;
         for &batch in &args.batches {
@@ -91,6 +86,18 @@ pub fn run(args: &Args) -> Result<()> {
             spec.global_batch = batch as u32;
             let plan = plan_for(&spec, &cluster)?;
             let row = measure(name, batch, &plan, args, compute)?;
+            if std::mem::take(&mut header) {
+                println!(
+                    "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
+                    "model",
+                    "batch",
+                    "predicted ms",
+                    "Mosaic ms",
+                    "1-by-1 ms",
+                    "speed-up",
+                    "pred. err"
+                );
+            }
             print_row(&row, args)?;
         }
     }

@@ -227,6 +227,11 @@ impl SlotPool {
         self.slots.len()
     }
 
+    /// Module `module`'s slot, if it was made before training.
+    pub fn pooled(&self, module: usize) -> Option<&Slot> {
+        self.slots.get(module)
+    }
+
     /// The slot of module `module` for one stage.
     pub fn lease(&self, module: usize) -> Result<Lease<'_>, EngineError> {
         match self.mode {
