@@ -39,8 +39,8 @@
 //!   — and the pool that creates them all before training ([`SlotMode::Pooled`]) or per stage
 //!   ([`SlotMode::OnDemand`], the baseline [`measure::bench_slots`] measures against);
 //!   [`runtime::slot::cuda`]: CUDA green-context slots and their pool (which create and hold SM
-//!   partitions and streams; module compute stays on CPU slots, see [`runtime::slot`]), with
-//!   the `cuda` feature; without it, a stand-in that says so.
+//!   partitions and streams, on which the GPU build's modules compute, see [`runtime::slot`]),
+//!   with the `cuda` feature; without it, a stand-in that says so.
 //! - [`runtime::collective`]: what crosses processes: gradients summed over a module's ranks,
 //!   and activations and their gradients redistributed at module boundaries ([`InProcess`] for
 //!   one process, `Mpi` with the `mpi` feature for `mpirun`, `Nccl` with `mpi` and `cuda` for

@@ -75,7 +75,7 @@ struct RunArgs {
     plan: Option<PathBuf>,
     /// How ranks started by `mpirun` sum a module's gradients: over MPI in host memory, or
     /// with NCCL on each rank's GPU (a build with features mpi and cuda, a GPU per rank; the
-    /// compute stays on the CPU, so NCCL moves the host gradients through the GPU).
+    /// gradient bucket is flattened in host memory, so NCCL moves it through the GPU).
     #[arg(long, value_enum, default_value_t = Backend::Mpi)]
     collective: Backend,
     /// Where modules compute: on the CPU, each in a thread-pool slot; or on CUDA, each in a

@@ -35,13 +35,14 @@
 //! disjoint SMs) and a non-blocking stream in it, created before training by `GpuSlotPool` or
 //! per stage on demand; [`crate::measure::bench_gpu_slots`] measures the two on a real GPU. It
 //! is the [`Slot::Gpu`] variant; [`Slot::run`] on it runs the closure on the calling thread
-//! with the green context current. What it does not do yet is run the engine's modules:
-//! candle 0.11 cannot bind its CUDA device to a foreign stream
-//! (`CudaDevice::from_context_and_stream` is private; upstream PR #3777 would expose it), and
-//! candle's `cuda` feature needs nvcc at build time, so module compute runs on CPU slots; the
-//! GPU slot creates and holds the partitions and streams that a candle with that change would
-//! run on. It builds without CUDA (cudarc loads `libcuda` at run time) and reports, rather than
-//! panics, when there is no driver or GPU ([`cuda::driver_unavailable`]). Built without the
+//! with the green context current. In the GPU build (`--cfg mosaic_gpu`, `scripts/cuda-cargo`)
+//! a module's tensors live on a candle CUDA device bound to its slot's stream
+//! (`GpuSlot::candle_device`, `crate::runtime::on_gpu`), so its kernels run on the slot's SMs;
+//! candle 0.11 keeps the constructor that needs private (`CudaDevice::from_context_and_stream`,
+//! upstream PR #3777), which the script makes public in a copy of candle at build time. Other
+//! builds train on CPU slots. The slots build without CUDA (cudarc loads `libcuda` at run time)
+//! and report, rather than panic, when there is no driver or GPU
+//! ([`cuda::driver_unavailable`]). Built without the
 //! `cuda` feature, [`GpuSlot`] is a type with no values and `driver_unavailable` says so, so
 //! callers need no `cfg`.
 
