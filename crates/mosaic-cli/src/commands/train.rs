@@ -173,16 +173,7 @@ fn template(args: &TemplateArgs) -> Result<()> {
     if let Some(out) = &args.out {
         check_output("--out", out)?;
     }
-    // The plan names modules only: a zoo-built model at its smallest size has the same ones.
-    let size = if args.model.ends_with("-tiny") {
-        1.0
-    } else {
-        0.01
-    };
-    let recipe = Recipe {
-        size,
-        ..Recipe::new(&args.model, 0)
-    };
+    let recipe = Recipe::smallest(&args.model);
     let model = models::build_placed(&recipe, &|_| Device::Cpu).map_err(engine)?;
     let plan = sequential_plan(&model, args.gpus as usize);
     let text = serde_json::to_string_pretty(&plan)? + "\n";

@@ -73,6 +73,20 @@ impl Recipe {
             size: 1.0,
         }
     }
+
+    /// The cheapest build of `name` with its modules: what a plan names, at the least cost
+    /// (a zoo-built model at size 0.01, a tiny one as it is).
+    pub fn smallest(name: &str) -> Recipe {
+        Recipe {
+            size: if is_tiny(name) { 1.0 } else { 0.01 },
+            ..Recipe::new(name, 0)
+        }
+    }
+}
+
+/// Whether `name` is one of the tiny models, which have one size.
+fn is_tiny(name: &str) -> bool {
+    name.to_ascii_lowercase().ends_with("-tiny")
 }
 
 /// Builds the built-in model `name` with parameters and data drawn from `seed`; its texts are
@@ -100,8 +114,7 @@ pub fn build_with(
 /// name (its GPU slot's, when training on a GPU).
 pub fn build_placed(recipe: &Recipe, place: &dyn Fn(&str) -> Device) -> Result<Model, EngineError> {
     let name = recipe.name.to_ascii_lowercase();
-    let tiny = name.ends_with("-tiny");
-    if tiny && recipe.size != 1.0 {
+    if is_tiny(&name) && recipe.size != 1.0 {
         return Err(EngineError::BadSetting {
             setting: "--size".into(),
             message: format!(

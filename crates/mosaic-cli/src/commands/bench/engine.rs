@@ -114,7 +114,12 @@ pub fn run(args: &Args) -> Result<()> {
 /// The Mosaic plan for one GPU of `cluster` on the zoo's profile of `spec`.
 fn plan_for(spec: &mosaic_zoo::ModelSpec, cluster: &mosaic_zoo::ClusterSpec) -> Result<Plan> {
     let profile = mosaic_zoo::profile(spec, cluster);
-    let perf = PerfModel::new(&profile, 0.1, Path::new(&spec.name))?;
+    let perf = PerfModel::new(&profile, 0.1, Path::new(&spec.name)).with_context(|| {
+        format!(
+            "--batches: {} at per-GPU batch {} on one {}",
+            spec.name, spec.single_node_batch, cluster.device.name
+        )
+    })?;
     solve(&perf, 1, &SolveOptions::default())
         .with_context(|| format!("planning {} on one GPU", spec.name))
 }
