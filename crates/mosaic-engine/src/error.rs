@@ -105,6 +105,14 @@ pub enum EngineError {
         /// The driver's error name and text, or why CUDA is unavailable.
         message: String,
     },
+    /// What a run needs of a GPU's memory is more than it has: found before step 1.
+    #[error("CUDA device {device}: out of memory: {message}")]
+    DeviceMemory {
+        /// The CUDA ordinal.
+        device: usize,
+        /// What did not fit, and what to change.
+        message: String,
+    },
     /// A tensor operation failed (a bug in a model, or out of memory).
     #[error("module \"{module}\": {source}")]
     Tensor {
@@ -130,11 +138,52 @@ impl EngineError {
         )
     }
 
+    /// Whether this is a GPU running out of memory (candle's CUDA backend reports the
+    /// driver's or cuBLAS's allocation failure).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            EngineError::DeviceMemory { .. } => true,
+            EngineError::Tensor { source, .. } => {
+                let text = source.to_string();
+                ["CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED"]
+                    .iter()
+                    .any(|code| text.contains(code))
+            }
+            _ => false,
+        }
+    }
+
     /// Wraps a candle error raised while `module` was running.
     pub(crate) fn tensor(module: &str) -> impl FnOnce(candle_core::Error) -> EngineError + '_ {
         move |source| EngineError::Tensor {
             module: module.to_string(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineError;
+
+    #[test]
+    fn a_gpu_allocation_failure_is_out_of_memory() {
+        let cuda = |text: &str| EngineError::Tensor {
+            module: "vision".into(),
+            source: candle_core::Error::Cuda(text.into()),
+        };
+        assert!(
+            cuda("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")").is_out_of_memory()
+        );
+        assert!(cuda("CublasError(CUBLAS_STATUS_ALLOC_FAILED)").is_out_of_memory());
+        assert!(
+            !cuda("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access\")")
+                .is_out_of_memory()
+        );
+        let e = EngineError::DeviceMemory {
+            device: 0,
+            message: "x".into(),
+        };
+        assert!(e.is_out_of_memory() && e.is_bad_input());
     }
 }

@@ -19,6 +19,20 @@ pub(crate) struct OnGpu {
     pub(crate) model: Model,
 }
 
+/// Why `doing` (e.g. "training on CUDA device 0") cannot be done in a build without GPU
+/// compute, and how to make one.
+#[cfg_attr(all(feature = "cuda", mosaic_gpu), allow(dead_code))]
+pub(crate) fn needs_gpu_build(doing: &str) -> EngineError {
+    EngineError::BadSetting {
+        setting: "--device".into(),
+        message: format!(
+            "{doing} needs the GPU build of mosaic, and this one is not: build it with \
+             `scripts/cuda-cargo build --release -p mosaic-cli --features cuda` (README, \"The \
+             engine on a GPU\")"
+        ),
+    }
+}
+
 /// The error of a build without GPU compute.
 #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
 pub(crate) fn place(
@@ -27,14 +41,9 @@ pub(crate) fn place(
     ordinal: usize,
     _mode: SlotMode,
 ) -> Result<OnGpu, EngineError> {
-    Err(EngineError::BadSetting {
-        setting: "--device".into(),
-        message: format!(
-            "training on CUDA device {ordinal} needs the GPU build of mosaic, and this one is \
-             not: build it with `scripts/cuda-cargo build --release -p mosaic-cli --features \
-             cuda` (README, \"The engine on a GPU\")"
-        ),
-    })
+    Err(needs_gpu_build(&format!(
+        "training on CUDA device {ordinal}"
+    )))
 }
 
 /// Opens CUDA device `ordinal`, cuts every stage's slots from its SMs
@@ -63,6 +72,7 @@ pub(crate) fn place(
         });
     }
     let gpu = GpuDevice::open(ordinal)?;
+    weights_fit(&model, ordinal)?;
     let n = model.modules.len();
     let mut slots: Vec<Option<Slot>> = (0..n).map(|_| None).collect();
     for stage in &schedule.stages {
@@ -110,4 +120,67 @@ pub(crate) fn place(
         devices,
         model: placed,
     })
+}
+
+/// Fails, saying by how much, when the model's parameters, gradients and AdamW moments alone
+/// (every module's, resident for the whole run) exceed the free memory of CUDA device
+/// `ordinal`.
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineError> {
+    // Bytes a parameter holds on the GPU for the whole run: its f32 value, gradient and two
+    // AdamW moments.
+    const BYTES_PER_PARAM: u64 = 16;
+    let (free, total) = cudarc::driver::CudaContext::new(ordinal)
+        .and_then(|ctx| ctx.mem_get_info())
+        .map_err(|e| EngineError::Cuda {
+            what: format!("cuMemGetInfo (device {ordinal})"),
+            message: e.to_string(),
+        })?;
+    let params: u64 = model.modules.iter().map(|m| m.params.count() as u64).sum();
+    let need = params * BYTES_PER_PARAM;
+    if need <= free as u64 {
+        return Ok(());
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Err(EngineError::DeviceMemory {
+        device: ordinal,
+        message: format!(
+            "{}'s {:.1} M parameters need {:.1} GiB for values, gradients and AdamW moments \
+             ({BYTES_PER_PARAM} bytes each), and {:.1} of the device's {:.1} GiB are free; \
+             train a smaller model (--size)",
+            model.name,
+            params as f64 / 1e6,
+            gib(need),
+            gib(free as u64),
+            gib(total as u64)
+        ),
+    })
+}
+
+/// Runs one step's forward and backward passes on the GPU without updating anything, so that
+/// a plan whose activations do not fit fails before step 1, naming the module and what to
+/// change, instead of in the middle of training.
+pub(crate) fn probe_memory(
+    trainer: &super::trainer::Trainer,
+    ordinal: usize,
+) -> Result<(), EngineError> {
+    match trainer.trial_step() {
+        Err(e) if e.is_out_of_memory() => {
+            let module = match &e {
+                EngineError::Tensor { module, .. } => format!("module \"{module}\""),
+                _ => "a module".to_string(),
+            };
+            Err(EngineError::DeviceMemory {
+                device: ordinal,
+                message: format!(
+                    "{module} ran out of memory in a trial step at batch {} by this plan \
+                     (every module's weights, gradients and AdamW moments stay on the GPU, \
+                     and a stage's modules hold their activations at once): lower --batch, \
+                     train a smaller model (--size), or plan fewer modules per stage; {e}",
+                    trainer.config().batch
+                ),
+            })
+        }
+        other => other,
+    }
 }

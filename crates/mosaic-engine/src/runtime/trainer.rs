@@ -210,8 +210,10 @@ impl Trainer {
     /// A trainer for `model` by `schedule`, this process being rank `collective.rank()` of
     /// `collective.world()`: it runs the replicas whose plan GPUs map to its rank
     /// ([`Schedule::ranks`]). Creates the slot pool (every slot, in [`SlotMode::Pooled`]),
-    /// zeroed optimizers and each module's communication group. The schedule must come from
-    /// this model; every rank must call this with the same arguments.
+    /// zeroed optimizers and each module's communication group; on a GPU, runs a trial step
+    /// (forward and backward, nothing updated) so that a plan that does not fit the device's
+    /// memory fails here ([`EngineError::DeviceMemory`]), before step 1. The schedule must come
+    /// from this model; every rank must call this with the same arguments.
     pub fn with_collective(
         model: Model,
         schedule: Schedule,
@@ -264,7 +266,7 @@ impl Trainer {
             }
         };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
-        Ok(Trainer {
+        let trainer = Trainer {
             model,
             schedule,
             config,
@@ -275,7 +277,11 @@ impl Trainer {
             collective,
             ranks,
             groups,
-        })
+        };
+        if let Compute::Cuda(ordinal) = trainer.config.compute {
+            super::on_gpu::probe_memory(&trainer, ordinal)?;
+        }
+        Ok(trainer)
     }
 
     /// The model.
@@ -369,6 +375,11 @@ impl Trainer {
             }
         }
         Ok((loss, out))
+    }
+
+    /// One step's forward and backward passes, nothing updated and the gradients dropped.
+    pub(crate) fn trial_step(&self) -> Result<(), EngineError> {
+        self.iterate(false).map(|_| ())
     }
 
     /// Runs one iteration; `apply` steps the optimizers, else the summed gradients are
