@@ -694,6 +694,17 @@ fn measure_refuses_hostile_arguments() {
             &format!("measure {sub} --model='' --out {out}"),
             "model \"\"",
         );
+        // --size scales the zoo-built models; tiny ones have one size; the GPU needs the GPU
+        // build. All refused before anything is measured.
+        c.numbers(
+            &format!("measure {sub} --model clip --out {out} {cheap}"),
+            "--size",
+            &[],
+        );
+        c.refuse(&format!("{base} {cheap} --size=0.5"), "--size");
+        c.refuse(&format!("{base} {cheap} --device=tpu"), "--device");
+        #[cfg(not(mosaic_gpu))]
+        c.refuse(&format!("{base} {cheap} --device=cuda"), "--device");
     }
     let profile = format!("measure profile --model clip-tiny --out {out} {cheap}");
     c.accept(&profile);

@@ -24,9 +24,9 @@ use mosaic_kit::stats::median_high;
 use serde::Serialize;
 
 use super::machine::{busy_share, MAX_ATTEMPTS, UNDISTURBED};
-use super::profiler::{stand_in_grads, Profiler};
+use super::profiler::{Profiler, Timing};
+use super::sweep::Run;
 use crate::error::EngineError;
-use crate::models::model::shards;
 use crate::runtime::slot::{run_in_slots, threads_for, Job, Slot};
 
 /// Most modules in one random colocation (the paper's Fig. 12a goes up to 8).
@@ -50,8 +50,8 @@ pub struct ColocatedRun {
     pub dp: usize,
     /// Quota.
     pub sm: f64,
-    /// Threads of its slot.
-    pub threads: usize,
+    /// The slot's cores: threads on the CPU, SMs on a GPU.
+    pub cores: usize,
     /// Median iteration alone in its slot, measured just before, in ms.
     pub alone_ms: f64,
     /// Median iteration while all others ran, in ms: the colocation file's `time_ms`.
@@ -102,11 +102,11 @@ impl MeasuredColocation {
 }
 
 /// A module of a colocation: `(module index, dp, quota)`.
-type Pick = (usize, usize, f64);
+pub(super) type Pick = (usize, usize, f64);
 
 /// What a module's run together gave: the end (ns since the start) and length (ms) of each of
 /// its iterations, and its slot's busy share.
-type Ends = Result<(Vec<(u64, f64)>, f64), EngineError>;
+pub(super) type Ends = Result<(Vec<(u64, f64)>, f64), EngineError>;
 
 impl Profiler {
     /// Draws `config.samples` random colocations (see the module documentation) and measures
@@ -135,7 +135,7 @@ impl Profiler {
         let mut out = Vec::with_capacity(config.samples);
         for s in 0..config.samples {
             let mut rng = SplitMix64::stream(config.seed, "profile/colocations", s as u64);
-            let picks = self.draw(&mut rng, k_max, &quotas);
+            let picks = draw(&mut rng, n, &self.dps(), k_max, &quotas);
             // Measured again while another process took the slots' cores, keeping the
             // least disturbed attempt.
             let mut sample = self.measure_colocation(&picks)?;
@@ -153,36 +153,6 @@ impl Profiler {
         Ok(out)
     }
 
-    /// One random colocation: 2 to `k_max` distinct modules in model order, whose quotas (a
-    /// positive number of `quotas`' steps each) add up to at most the machine, each with a
-    /// data-parallel degree of the grid.
-    fn draw(&self, rng: &mut SplitMix64, k_max: usize, quotas: &[f64]) -> Vec<Pick> {
-        let n = self.model.modules.len();
-        let dps = self.dps();
-        let k = 2 + rng.below((k_max - 1) as u64) as usize;
-        let mut modules: Vec<usize> = (0..n).collect();
-        rng.shuffle(&mut modules);
-        modules.truncate(k);
-        modules.sort_unstable();
-        // k positive parts of a total of k..=steps quota steps: k − 1 distinct cuts.
-        let total = k + rng.below((quotas.len() - k + 1) as u64) as usize;
-        let mut cuts: Vec<usize> = (1..total).collect();
-        rng.shuffle(&mut cuts);
-        cuts.truncate(k - 1);
-        cuts.sort_unstable();
-        cuts.insert(0, 0);
-        cuts.push(total);
-        modules
-            .iter()
-            .enumerate()
-            .map(|(j, &m)| {
-                let steps = cuts[j + 1] - cuts[j];
-                let dp = dps[rng.below(dps.len() as u64) as usize];
-                (m, dp, quotas[steps - 1])
-            })
-            .collect()
-    }
-
     /// Measures `picks` alone and together, each in its own slot.
     fn measure_colocation(&self, picks: &[Pick]) -> Result<MeasuredColocation, EngineError> {
         let cores = self.machine.cores;
@@ -196,9 +166,23 @@ impl Profiler {
             .map(|(&(m, dp, _), slot)| slot.run(|| self.alone(m, dp)))
             .collect::<Result<Vec<_>, _>>()?;
         let (results, stop_at) = self.together(picks, &slots);
+        let cores = slots.iter().map(Slot::threads).collect();
+        self.assemble(picks, cores, alone, results, stop_at)
+    }
+
+    /// The colocation of `picks` from what they did alone (median ms, busy share) and together
+    /// (each module's iterations, until the first stopped at `stop_at`), in slots of `cores`.
+    pub(super) fn assemble(
+        &self,
+        picks: &[Pick],
+        cores: Vec<usize>,
+        alone: Vec<(f64, f64)>,
+        together: Vec<Ends>,
+        stop_at: u64,
+    ) -> Result<MeasuredColocation, EngineError> {
         let mut modules = Vec::with_capacity(picks.len());
-        for (((&(m, dp, q), slot), result), (alone_ms, alone_busy)) in
-            picks.iter().zip(&slots).zip(results).zip(alone)
+        for (((&(m, dp, q), cores), result), (alone_ms, alone_busy)) in
+            picks.iter().zip(cores).zip(together).zip(alone)
         {
             let (its, together_busy) = result?;
             let kept: Vec<f64> = its
@@ -211,7 +195,7 @@ impl Profiler {
                 module: self.model.modules[m].name.to_string(),
                 dp,
                 sm: q,
-                threads: slot.threads(),
+                cores,
                 alone_ms,
                 alone_busy,
                 together_busy,
@@ -228,19 +212,12 @@ impl Profiler {
     /// `warmup` then `reps` iterations of module `m` at `dp` in the current slot: the median
     /// iteration in ms and the slot's busy share during the timed ones.
     fn alone(&self, m: usize, dp: usize) -> Result<(f64, f64), EngineError> {
-        let module = &self.model.modules[m];
-        let err = || EngineError::tensor(module.name);
-        let shard = shards(self.config.batch, dp).swap_remove(0);
-        let others = stand_in_grads(&module.params, dp).map_err(err())?;
+        let run = Run::new(self, m, dp)?;
         for _ in 0..self.config.warmup {
-            self.iterate(m, &shard, &others, false).map_err(err())?;
+            run.once()?;
         }
-        let (times, share) = busy_share(|| {
-            (0..self.config.reps)
-                .map(|_| Ok(self.iterate(m, &shard, &others, false)?.0.total_ms()))
-                .collect::<candle_core::Result<Vec<f64>>>()
-                .map_err(err())
-        })?;
+        let (times, share) = busy_share(|| run.timed(self.config.reps))?;
+        let times: Vec<f64> = times.iter().map(Timing::total_ms).collect();
         Ok((median_high(&times).unwrap_or(0.0), share))
     }
 
@@ -249,48 +226,24 @@ impl Profiler {
     /// stopped (ns since the start).
     fn together(&self, picks: &[Pick], slots: &[Slot]) -> (Vec<Ends>, u64) {
         let target = self.config.warmup + self.config.reps;
-        let stop = AtomicBool::new(false);
-        let stop_at = AtomicU64::new(u64::MAX);
-        let done: Vec<AtomicUsize> = picks.iter().map(|_| AtomicUsize::new(0)).collect();
-        let base = Instant::now();
+        let race = &Race::new(picks.len());
         let jobs: Vec<(&Slot, Job<'_, Ends>)> = picks
             .iter()
             .zip(slots)
             .enumerate()
             .map(|(j, (&(m, dp, _), slot))| {
-                let (stop, stop_at, done) = (&stop, &stop_at, &done);
                 let job: Job<'_, Ends> = Box::new(move || {
-                    let run = || -> Ends {
-                        let module = &self.model.modules[m];
-                        let err = || EngineError::tensor(module.name);
-                        let shard = shards(self.config.batch, dp).swap_remove(0);
-                        let others = stand_in_grads(&module.params, dp).map_err(err())?;
-                        busy_share(|| {
-                            let mut its = Vec::new();
-                            while !stop.load(SeqCst) {
-                                let (t, _) =
-                                    self.iterate(m, &shard, &others, false).map_err(err())?;
-                                let end = base.elapsed().as_nanos() as u64;
-                                its.push((end, t.total_ms()));
-                                done[j].fetch_add(1, SeqCst);
-                                if done.iter().all(|d| d.load(SeqCst) >= target) {
-                                    stop_at.fetch_min(end, SeqCst);
-                                    stop.store(true, SeqCst);
-                                }
-                            }
-                            Ok(its)
-                        })
-                    };
-                    let result = run();
+                    let result = Run::new(self, m, dp)
+                        .and_then(|run| busy_share(|| run.until_all_done(j, target, race)));
                     // A failed module must not leave the others iterating forever.
-                    stop.store(true, SeqCst);
+                    race.abandon();
                     result
                 });
                 (slot, job)
             })
             .collect();
         let results = run_in_slots(jobs);
-        (results, stop_at.load(SeqCst))
+        (results, race.stop_at.load(SeqCst))
     }
 
     /// One paragraph on what colocation samples are, for the colocations file's `source`.
@@ -310,6 +263,91 @@ impl Profiler {
             self.config.reps
         )
     }
+}
+
+/// The modules of a colocation iterating together: who has done how many iterations, and
+/// when the first stopped.
+pub(super) struct Race {
+    stop: AtomicBool,
+    /// When the first module stopped, in ns since `base`.
+    pub(super) stop_at: AtomicU64,
+    done: Vec<AtomicUsize>,
+    base: Instant,
+}
+
+impl Race {
+    /// A race of `modules` modules, starting now.
+    pub(super) fn new(modules: usize) -> Race {
+        Race {
+            stop: AtomicBool::new(false),
+            stop_at: AtomicU64::new(u64::MAX),
+            done: (0..modules).map(|_| AtomicUsize::new(0)).collect(),
+            base: Instant::now(),
+        }
+    }
+
+    /// Tells every module to stop (one failed).
+    pub(super) fn abandon(&self) {
+        self.stop.store(true, SeqCst);
+    }
+}
+
+impl Run<'_> {
+    /// Iterates as module `j` of `race` until every module has done `target` iterations: the
+    /// end (ns since the race began) and length (ms) of each iteration.
+    pub(super) fn until_all_done(
+        &self,
+        j: usize,
+        target: usize,
+        race: &Race,
+    ) -> Result<Vec<(u64, f64)>, EngineError> {
+        let mut its = Vec::new();
+        while !race.stop.load(SeqCst) {
+            let t = self.once()?;
+            let end = race.base.elapsed().as_nanos() as u64;
+            its.push((end, t.total_ms()));
+            race.done[j].fetch_add(1, SeqCst);
+            if race.done.iter().all(|d| d.load(SeqCst) >= target) {
+                race.stop_at.fetch_min(end, SeqCst);
+                race.stop.store(true, SeqCst);
+            }
+        }
+        Ok(its)
+    }
+}
+
+/// One random colocation of a model of `n` modules: 2 to `k_max` distinct modules in model
+/// order, whose quotas (a positive number of `quotas`' steps each, `quotas[s − 1]` being `s`
+/// steps) add up to at most `quotas.len()` steps, each with a data-parallel degree of `dps`.
+pub(super) fn draw(
+    rng: &mut SplitMix64,
+    n: usize,
+    dps: &[usize],
+    k_max: usize,
+    quotas: &[f64],
+) -> Vec<Pick> {
+    let k = 2 + rng.below((k_max - 1) as u64) as usize;
+    let mut modules: Vec<usize> = (0..n).collect();
+    rng.shuffle(&mut modules);
+    modules.truncate(k);
+    modules.sort_unstable();
+    // k positive parts of a total of k..=steps quota steps: k − 1 distinct cuts.
+    let total = k + rng.below((quotas.len() - k + 1) as u64) as usize;
+    let mut cuts: Vec<usize> = (1..total).collect();
+    rng.shuffle(&mut cuts);
+    cuts.truncate(k - 1);
+    cuts.sort_unstable();
+    cuts.insert(0, 0);
+    cuts.push(total);
+    modules
+        .iter()
+        .enumerate()
+        .map(|(j, &m)| {
+            let steps = cuts[j + 1] - cuts[j];
+            let dp = dps[rng.below(dps.len() as u64) as usize];
+            (m, dp, quotas[steps - 1])
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -337,7 +375,7 @@ mod tests {
                 assert!(m.alone_ms > 0.0 && m.colocated_ms > 0.0, "{m:?}");
                 assert!(m.iterations >= 2, "{m:?}");
                 assert!([1, 2].contains(&m.dp));
-                assert_eq!(m.threads, 1);
+                assert_eq!(m.cores, 1);
             }
         }
         // One core cannot host two slots.

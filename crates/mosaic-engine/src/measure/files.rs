@@ -9,7 +9,6 @@ use mosaic_profile::{
 };
 
 use super::colocate::MeasuredColocation;
-use super::machine::Machine;
 use super::sweep::EngineProfile;
 use crate::runtime::trainer::micro;
 
@@ -18,19 +17,29 @@ fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
-/// The profile file of a sweep: the machine as the device (cores as SMs, RAM as memory),
-/// every grid point a sample (times rounded to 0.1 µs, as `mosaic train` logs them), its
-/// [`EngineProfile::source`] as the source, interference not fitted.
+/// The profile file of a sweep: the GPU as the device (with its partition rule), or the
+/// machine (cores as SMs, RAM as memory); every grid point a sample (times rounded to 0.1 µs,
+/// as `mosaic train` logs them), its [`EngineProfile::source`] as the source, interference not
+/// fitted.
 pub fn profile_file(p: &EngineProfile) -> ProfileFile {
-    ProfileFile {
-        format: FORMAT.to_string(),
-        device: mosaic_profile::Device {
+    let device = match &p.gpu {
+        Some(gpu) => mosaic_profile::Device {
+            name: gpu.name.clone(),
+            sm_count: gpu.sms,
+            memory_gib: gpu.memory_gib,
+            partition: Some(gpu.partition),
+        },
+        None => mosaic_profile::Device {
             name: p.machine.name.clone(),
             sm_count: p.machine.cores as u32,
             memory_gib: p.machine.memory_gib,
             // CPU slots are thread pools: no SM partitions.
             partition: None,
         },
+    };
+    ProfileFile {
+        format: FORMAT.to_string(),
+        device,
         nodes: None,
         modules: p
             .modules
@@ -58,16 +67,17 @@ pub fn profile_file(p: &EngineProfile) -> ProfileFile {
     }
 }
 
-/// The colocations file of colocations measured on `machine`: every module's colocated median
-/// (rounded to 0.1 µs), with `source` (e.g. [`super::Profiler::colocation_source`]).
+/// The colocations file of colocations measured on the device named `device` (the profile
+/// file's device name: the machine's, or the GPU's): every module's colocated median (rounded
+/// to 0.1 µs), with `source` (e.g. [`super::Profiler::colocation_source`]).
 pub fn colocation_file(
-    machine: &Machine,
+    device: &str,
     measured: &[MeasuredColocation],
     source: String,
 ) -> ColocationFile {
     ColocationFile {
         format: COLOCATIONS_FORMAT.to_string(),
-        device: machine.name.clone(),
+        device: device.to_string(),
         source: Some(source),
         samples: measured
             .iter()
@@ -91,7 +101,9 @@ pub fn colocation_file(
 mod tests {
     use super::{colocation_file, profile_file};
     use crate::measure::machine::tests::machine;
+    use crate::measure::GpuInfo;
     use crate::measure::{ColocationConfig, ProfileConfig, Profiler};
+    use mosaic_profile::SmGranularity;
 
     #[test]
     fn measured_files_validate_and_feed_the_fit() {
@@ -101,6 +113,7 @@ mod tests {
             warmup: 1,
             reps: 2,
             seed: 1,
+            size: 1.0,
         };
         let profiler = Profiler::new("omni-tiny", config, machine(2)).unwrap();
         let profile = profiler.sweep(|_| {}).unwrap();
@@ -129,7 +142,7 @@ mod tests {
         };
         let measured = profiler.colocations(&config, |_, _| {}).unwrap();
         let coloc = colocation_file(
-            profiler.machine(),
+            &profiler.machine().name,
             &measured,
             profiler.colocation_source(&config),
         );
@@ -141,5 +154,49 @@ mod tests {
             mosaic_profile::PerfModel::new(&file, mosaic_fit::LOOKUP_GRANULARITY, "p").unwrap();
         let obs = mosaic_fit::observations(&lookup, &parsed, "c.json").unwrap();
         assert_eq!(obs.len(), 4);
+    }
+
+    #[test]
+    fn a_gpu_profile_carries_the_gpu_and_plans_on_its_partitions() {
+        let config = ProfileConfig {
+            batch: 2,
+            max_dp: 1,
+            warmup: 1,
+            reps: 1,
+            seed: 1,
+            size: 1.0,
+        };
+        let profiler = Profiler::new("clip-tiny", config, machine(2)).unwrap();
+        let mut profile = profiler.sweep(|_| {}).unwrap();
+        // As `sweep_gpu` writes it on an H100: quotas of whole SMs, 64 and all 132.
+        for (i, p) in profile.points.iter_mut().enumerate() {
+            let sms = [64, 132][i % 2];
+            p.sm = sms as f64 / 132.0;
+            p.cores = sms;
+        }
+        let hopper = SmGranularity::for_compute_capability(9);
+        profile.gpu = Some(GpuInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            partition: hopper,
+            memory_gib: 79.2,
+            peak_gbps: 3352.0,
+        });
+        let file = profile_file(&profile);
+        assert!(file.source.as_deref().unwrap().contains("NVML"));
+        let text = serde_json::to_string(&file).unwrap();
+        let parsed = mosaic_profile::parse(&text, "gpu.json").unwrap();
+        assert_eq!(parsed.device.name, "NVIDIA H100 80GB HBM3");
+        assert_eq!(
+            (parsed.device.sm_count, parsed.device.partition),
+            (132, Some(hopper))
+        );
+        let perf = mosaic_profile::PerfModel::new(&parsed, 0.1, "gpu.json").unwrap();
+        let plan = mosaic_plan::solve(&perf, 1, &mosaic_plan::SolveOptions::default()).unwrap();
+        for m in plan.stages.iter().flat_map(|s| &s.modules) {
+            let sms = (m.sm * 132.0).round() as u32;
+            assert!(sms == 132 || hopper.allows(sms), "{} SMs", sms);
+        }
     }
 }

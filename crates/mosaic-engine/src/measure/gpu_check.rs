@@ -2,14 +2,16 @@
 //! pass or fail with the figure it rests on — what a session lent a GPU runs first, since the
 //! GPU code is written without one. A path this build lacks is skipped, saying why.
 //!
-//! In order: the driver; green-context slots (SMs granted as asked, work on each stream);
+//! In order: the driver; green-context slots (SMs granted as asked, work on each stream); NVML
+//! (the device found, its memory, bandwidth and busy fractions read);
 //! then, in the GPU build only (`--cfg mosaic_gpu`, `scripts/cuda-cargo`), candle's ops on a
 //! slot against the CPU through either [`Binding`](crate::runtime::slot::cuda) (a transformer
 //! block's forward and backward in f32, a matmul in bf16); one training step of every engine
 //! model on the GPU against the CPU (loss and every gradient), modules one after another and
 //! the encoders co-located, and ten steps whose loss must fall; SM confinement by timing (the
 //! same bf16 matmuls on 16 SMs and on 128); and co-location (two 64-SM slots launched from two
-//! threads at once against each alone).
+//! threads at once against each alone); and a small GPU profile sweep and colocations (`mosaic
+//! measure profile|colocations --device cuda`).
 
 use serde::Serialize;
 
@@ -97,6 +99,7 @@ mod on_device {
             ),
         )];
         out.push(slots(&device));
+        out.push(nvml(&device));
         #[cfg(mosaic_gpu)]
         out.extend(super::compute::run(&device));
         #[cfg(not(mosaic_gpu))]
@@ -142,6 +145,36 @@ mod on_device {
                     if filled { "ok" } else { "WRONG" }
                 ),
             ),
+            Err(e) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
+        }
+    }
+
+    /// NVML finds the device by its PCI bus id and reads what a GPU profile takes from it:
+    /// memory, a peak bandwidth between 0.1 and 20 TB/s (an H100 SXM's datasheet says 3.35)
+    /// and busy fractions in [0, 1] over the last second.
+    fn nvml(device: &GpuDevice) -> GpuCheck {
+        use crate::measure::nvml::{now_us, Nvml};
+        let name = "NVML";
+        let run = || -> Result<(bool, String), crate::EngineError> {
+            let nvml = Nvml::open(device.pci_bus_id())?;
+            let (memory, peak) = (nvml.memory_gib()?, nvml.peak_gbps()?);
+            let busy = nvml.busy_since(now_us().saturating_sub(1_000_000))?;
+            let figure = format!(
+                "PCI bus {}: {memory:.1} GiB, peak {peak:.0} GB/s; busy over the last second: \
+                 kernels {:.2}, memory {:.2} ({} samples)",
+                device.pci_bus_id(),
+                busy.kernels,
+                busy.memory,
+                busy.samples
+            );
+            let fractions = [busy.kernels, busy.memory];
+            let pass = memory > 0.0
+                && (100.0..20_000.0).contains(&peak)
+                && fractions.iter().all(|f| (0.0..=1.0).contains(f));
+            Ok((pass, figure))
+        };
+        match run() {
+            Ok((pass, figure)) => GpuCheck::judged(name, pass, figure),
             Err(e) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
         }
     }
@@ -203,7 +236,122 @@ mod compute {
         }
         out.push(outcome("SM confinement", || confinement(device)));
         out.push(outcome("co-location", || colocation(device)));
+        out.push(outcome("profile sweep", || sweep(device)));
+        out.push(outcome("measured colocations", || colocations(device)));
         out
+    }
+
+    /// `mosaic measure colocations --device cuda` in small: two colocations of clip-tiny at
+    /// batch 4; the file must validate, every module have kept iterations and finite times.
+    fn colocations(device: &GpuDevice) -> Res<(bool, String)> {
+        use crate::measure::{
+            colocation_file, colocations_gpu, gpu_colocation_source, ColocationConfig,
+            ProfileConfig,
+        };
+        let config = ProfileConfig {
+            batch: 4,
+            max_dp: 2,
+            warmup: 1,
+            reps: 3,
+            seed: 0,
+            size: 1.0,
+        };
+        let draws = ColocationConfig {
+            samples: 2,
+            seed: 0,
+        };
+        let host = crate::measure::measure_machine(1, 1)?;
+        let (gpu, measured) = colocations_gpu(
+            "clip-tiny",
+            config.clone(),
+            host,
+            device.ordinal(),
+            &draws,
+            |_, _| {},
+        )?;
+        let source = gpu_colocation_source(&gpu, "clip-tiny", &config, &draws);
+        let file = colocation_file(&gpu.name, &measured, source);
+        let text = serde_json::to_string(&file).map_err(|e| EngineError::BadSetting {
+            setting: "colocations".into(),
+            message: e.to_string(),
+        })?;
+        let parsed = mosaic_profile::parse_colocations(&text, "the GPU colocations");
+        let runs: Vec<&crate::measure::ColocatedRun> =
+            measured.iter().flat_map(|s| &s.modules).collect();
+        let sane = runs.iter().all(|m| {
+            m.iterations >= 1 && m.alone_ms > 0.0 && m.colocated_ms.is_finite() && m.cores > 0
+        });
+        let figure = runs
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} on {} SMs {:.2} → {:.2} ms",
+                    m.module, m.cores, m.alone_ms, m.colocated_ms
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let valid = parsed
+            .as_ref()
+            .map_or_else(|e| e.to_string(), |_| "valid".into());
+        Ok((parsed.is_ok() && sane, format!("{figure}; file {valid}")))
+    }
+
+    /// `mosaic measure profile --device cuda` in small: clip-tiny at batch 4, dp 1, on every
+    /// partition of the grid; the file must validate and plan, every figure be finite, and
+    /// vision on the fewest SMs be no faster than on the whole GPU (within 10 %).
+    fn sweep(device: &GpuDevice) -> Res<(bool, String)> {
+        use crate::measure::{gpu_sm_grid, profile_file, sweep_gpu, ProfileConfig};
+        let config = ProfileConfig {
+            batch: 4,
+            max_dp: 1,
+            warmup: 1,
+            reps: 3,
+            seed: 0,
+            size: 1.0,
+        };
+        let host = crate::measure::measure_machine(1, 1)?;
+        let profile = sweep_gpu("clip-tiny", config, host, device.ordinal(), |_| {})?;
+        let file = profile_file(&profile);
+        let text = serde_json::to_string(&file).map_err(|e| EngineError::BadSetting {
+            setting: "profile".into(),
+            message: e.to_string(),
+        })?;
+        let parsed = mosaic_profile::parse(&text, "the GPU profile");
+        let plans = parsed.as_ref().ok().and_then(|p| {
+            let perf = mosaic_profile::PerfModel::new(p, 0.1, "the GPU profile").ok()?;
+            mosaic_plan::solve(&perf, 1, &mosaic_plan::SolveOptions::default()).ok()
+        });
+        let grid = gpu_sm_grid(device.sms(), device.granularity());
+        let finite = profile.points.iter().all(|p| {
+            p.time_ms.is_finite()
+                && p.time_ms > 0.0
+                && (0.0..=1.0).contains(&p.sm_util)
+                && (0.0..=1.0).contains(&p.bw_util)
+        });
+        let vision: Vec<&crate::measure::Point> = profile.points_of("vision").collect();
+        let (fewest, whole) = (vision[0], vision[vision.len() - 1]);
+        let pass = parsed.is_ok()
+            && plans.is_some()
+            && finite
+            && profile.points.len() == 3 * grid.len()
+            && fewest.time_ms >= 0.9 * whole.time_ms;
+        Ok((
+            pass,
+            format!(
+                "{} points on SMs {grid:?}; vision {:.2} ms on {} SMs, {:.2} ms on {} (sm_util \
+                 {:.2}, bw_util {:.2}); file {}; plan {}",
+                profile.points.len(),
+                fewest.time_ms,
+                fewest.cores,
+                whole.time_ms,
+                whole.cores,
+                whole.sm_util,
+                whole.bw_util,
+                parsed.map_or_else(|e| e.to_string(), |_| "valid".into()),
+                plans.map_or("none".to_string(), |p| format!("{:.2} ms", p.iteration_ms)),
+            ),
+        ))
     }
 
     /// Runs one check; a panic inside it (candle and cudarc panic on some CUDA failures) fails

@@ -244,6 +244,22 @@ pub(crate) fn busy_share<T>(
     Ok((out, share.clamp(0.0, 1.0)))
 }
 
+/// Measures the share of the wall time the current thread ran on a CPU while `f` ran, in
+/// [0, 1]: a GPU slot's launching thread, which has no pool of its own.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))]
+pub(crate) fn thread_busy<T>(
+    f: impl FnOnce() -> Result<T, EngineError>,
+) -> Result<(T, f64), EngineError> {
+    let before = thread_cpu_ns().map_err(machine_error)?;
+    let t0 = Instant::now();
+    let out = f()?;
+    let wall_ns = t0.elapsed().as_nanos() as f64;
+    let busy = thread_cpu_ns()
+        .map_err(machine_error)?
+        .saturating_sub(before);
+    Ok((out, (busy as f64 / wall_ns.max(1.0)).clamp(0.0, 1.0)))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -273,6 +289,27 @@ pub(crate) mod tests {
         assert_eq!(
             m.peak_gbps,
             m.stream.iter().map(|s| s.gbps).fold(0.0, f64::max)
+        );
+    }
+
+    #[test]
+    fn a_thread_is_busy_while_it_spins_and_idle_while_it_sleeps() {
+        let (_, spinning) = thread_busy(|| {
+            let t0 = Instant::now();
+            while t0.elapsed().as_millis() < 60 {
+                std::hint::black_box(0u64);
+            }
+            Ok(())
+        })
+        .unwrap();
+        let (_, sleeping) = thread_busy(|| {
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            Ok(())
+        })
+        .unwrap();
+        assert!(
+            sleeping < 0.5 && sleeping < spinning,
+            "{sleeping} {spinning}"
         );
     }
 }

@@ -14,6 +14,9 @@
 //! - `profiler`: a built-in model's modules ready to be measured one replica at a time
 //!   ([`Profiler`]) and the grid ([`quota_grid`], [`dp_grid`]).
 //! - `sweep`: every module at every grid point ([`Profiler::sweep`] → [`EngineProfile`]).
+//! - `gpu_sweep`: the same on a GPU, each SM partition a green-context slot ([`sweep_gpu`]),
+//!   with NVML's busy fractions (`nvml`); `gpu_colocate`: colocations there, each module in
+//!   its stage's green context, driven from its own thread ([`colocations_gpu`]).
 //! - `colocate`: modules run side by side in their own slots ([`Profiler::colocations`]), the
 //!   data the interference coefficients of Eq. 8 are fitted to (`mosaic fit`).
 //! - `files`: both as the typed `mosaic-profiles/1` and `mosaic-colocations/1` values
@@ -29,9 +32,13 @@ mod bytes;
 mod colocate;
 mod files;
 mod gpu_check;
+mod gpu_colocate;
 #[cfg(feature = "cuda")]
 mod gpu_slots;
+mod gpu_sweep;
 mod machine;
+#[cfg(feature = "cuda")]
+pub(crate) mod nvml;
 mod preprocess;
 mod profiler;
 mod slots;
@@ -41,6 +48,8 @@ pub use bytes::{bytes_moved, Memory};
 pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOCATED};
 pub use files::{colocation_file, profile_file};
 pub use gpu_check::{check_gpu, GpuCheck, Outcome};
+pub use gpu_colocate::{colocations_gpu, gpu_colocation_source};
+pub use gpu_sweep::{gpu_sm_grid, sweep_gpu, GpuInfo, BUSY_WINDOW};
 pub use machine::{
     available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
     MAX_QUOTA_STEPS, UNDISTURBED,

@@ -47,7 +47,7 @@ use super::machine::Machine;
 use crate::error::EngineError;
 use crate::models::model::{Input, Model, Output, Shard};
 use crate::models::nn::Params;
-use crate::models::{self, Batch};
+use crate::models::{self, Batch, Recipe};
 use crate::runtime::optim::{AdamW, AdamWConfig};
 
 /// Settings of a profiling sweep.
@@ -64,10 +64,13 @@ pub struct ProfileConfig {
     pub reps: usize,
     /// Seed of the model's parameters, its data and the stand-in gradients.
     pub seed: u64,
+    /// The model's size factor in (0, 1] (the zoo-built models; the tiny ones have size 1).
+    pub size: f64,
 }
 
 impl Default for ProfileConfig {
-    /// Batch 16 (as `mosaic train`), dp up to 8, 2 warm-up and 21 timed iterations, seed 0.
+    /// Batch 16 (as `mosaic train`), dp up to 8, 2 warm-up and 21 timed iterations, seed 0,
+    /// size 1.
     fn default() -> Self {
         ProfileConfig {
             batch: 16,
@@ -75,6 +78,7 @@ impl Default for ProfileConfig {
             warmup: 2,
             reps: 21,
             seed: 0,
+            size: 1.0,
         }
     }
 }
@@ -120,19 +124,32 @@ pub struct Profiler {
     pub(super) model: Model,
     pub(super) config: ProfileConfig,
     pub(super) machine: Machine,
+    /// Where each module's tensors are (indexed by module): the CPU, or a GPU slot's device.
+    devices: Vec<Device>,
     prepared: Vec<Prepared>,
     optimizers: Vec<Mutex<AdamW>>,
 }
 
 impl Profiler {
     /// A profiler of the built-in model `model` on `machine` (from [`super::measure_machine`]). Fails
-    /// on an unknown model or a setting that makes no sense (batch, reps or max dp of 0).
-    /// Runs every module's forward pass once on the whole batch, for the inputs of the modules
-    /// after it.
+    /// on an unknown model or a setting that makes no sense (batch, reps or max dp of 0, a size
+    /// outside (0, 1] or for a tiny model). Runs every module's forward pass once on the whole
+    /// batch, for the inputs of the modules after it.
     pub fn new(
         model: &str,
         config: ProfileConfig,
         machine: Machine,
+    ) -> Result<Profiler, EngineError> {
+        Profiler::on(model, config, machine, &|_| Device::Cpu)
+    }
+
+    /// [`Profiler::new`] with each module's tensors on `place(module)` (GPU slots' devices, for
+    /// [`super::sweep_gpu`] and [`super::colocations_gpu`]); `machine` is the host.
+    pub(super) fn on(
+        model: &str,
+        config: ProfileConfig,
+        machine: Machine,
+        place: &dyn Fn(&str) -> Device,
     ) -> Result<Profiler, EngineError> {
         crate::models::data::check_batch(config.batch)?;
         for (setting, value) in [("--reps", config.reps), ("--max-dp", config.max_dp)] {
@@ -143,18 +160,29 @@ impl Profiler {
                 });
             }
         }
-        let device = Device::Cpu;
-        let model = models::build(model, config.seed, &device)?;
+        if !(config.size > 0.0 && config.size <= 1.0) {
+            return Err(EngineError::BadSetting {
+                setting: "--size".into(),
+                message: format!("expected a factor in (0, 1], got {}", config.size),
+            });
+        }
+        let recipe = Recipe {
+            size: config.size,
+            ..Recipe::new(model, config.seed)
+        };
+        let model = models::build_placed(&recipe, place)?;
+        let devices: Vec<Device> = model.modules.iter().map(|m| place(m.name)).collect();
         let batch = model
             .data
-            .batch(0, config.batch, &device)
+            .batch(0, config.batch, &Device::Cpu)
             .map_err(EngineError::tensor("data"))?;
-        let prepared = prepare(&model, &batch, &config)?;
+        let prepared = prepare(&model, &devices, &batch, &config)?;
         let optimizers = AdamW::per_module(&model, AdamWConfig::default())?;
         Ok(Profiler {
             model,
             config,
             machine,
+            devices,
             prepared,
             optimizers,
         })
@@ -207,6 +235,8 @@ impl Profiler {
         let t = Instant::now();
         let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
         let out = module.net.forward(&xs, shard)?;
+        // A GPU runs the launched kernels later: each phase ends when its stream has drained.
+        self.devices[m].synchronize()?;
         let forward_ms = ms(t);
 
         let memory = count.then(|| self.count_memory(m, &out, &xs, &vars));
@@ -215,10 +245,12 @@ impl Profiler {
         let (params, inputs) =
             module.replica_backward(&out, prep.out_grad.as_ref(), &shard.rows, &vars)?;
         std::hint::black_box(&inputs);
+        self.devices[m].synchronize()?;
         let backward_ms = ms(t);
 
         let t = Instant::now();
         let params = all_reduce(params, others)?;
+        self.devices[m].synchronize()?;
         let allreduce_ms = if others.is_empty() { 0.0 } else { ms(t) };
 
         let t = Instant::now();
@@ -226,6 +258,7 @@ impl Profiler {
             .lock()
             .expect("optimizer lock")
             .step(&module.params, &params)?;
+        self.devices[m].synchronize()?;
         let optimizer_ms = ms(t);
         Ok((
             Timing {
@@ -265,6 +298,7 @@ impl Profiler {
 /// `config.seed`.
 fn prepare(
     model: &Model,
+    devices: &[Device],
     batch: &Batch,
     config: &ProfileConfig,
 ) -> Result<Vec<Prepared>, EngineError> {
@@ -279,7 +313,9 @@ fn prepare(
                 Input::Data(key) => batch.tensors[key].clone(),
                 Input::Module(p) => outputs[*p].clone().expect("producers come earlier"),
             })
-            .collect();
+            .map(|x| x.to_device(&devices[i]))
+            .collect::<candle_core::Result<_>>()
+            .map_err(EngineError::tensor(m.name))?;
         let out_grad = match m.output {
             Output::Loss => None,
             Output::Activation => {
@@ -293,6 +329,7 @@ fn prepare(
                 let values = SplitMix64::stream(config.seed, "profile/out-grad", i as u64)
                     .normals(out.elem_count(), 0.01);
                 let g = Tensor::from_vec(values, out.shape(), out.device())
+                    .and_then(|g| g.to_dtype(out.dtype()))
                     .map_err(EngineError::tensor(m.name))?;
                 outputs[i] = Some(out);
                 Some(g)
@@ -341,6 +378,7 @@ pub(crate) mod tests {
             warmup: 1,
             reps: 2,
             seed: 3,
+            size: 1.0,
         }
     }
 

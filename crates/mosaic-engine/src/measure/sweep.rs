@@ -10,13 +10,15 @@
 //! ([`super::machine`]); `bw_util` the estimated traffic over the time over the machine's
 //! peak.
 
+use candle_core::Tensor;
 use serde::Serialize;
 
 use super::bytes::{bytes_moved, Memory};
+use super::gpu_sweep::GpuInfo;
 use super::machine::{busy_share, Machine};
 use super::profiler::{stand_in_grads, ProfileConfig, Profiler, Timing};
 use crate::error::EngineError;
-use crate::models::model::shards;
+use crate::models::model::{shards, Shard};
 use crate::runtime::slot::{threads_for, Slot};
 
 /// One grid point of one module.
@@ -28,8 +30,8 @@ pub struct Point {
     pub dp: usize,
     /// Quota.
     pub sm: f64,
-    /// Threads of the slot.
-    pub threads: usize,
+    /// The slot's cores: threads on the CPU, SMs on a GPU.
+    pub cores: usize,
     /// Samples of the replica (shard 0 of the batch).
     pub rows: usize,
     /// The median iteration, in ms: the profile's `time_ms`.
@@ -46,9 +48,11 @@ pub struct Point {
     pub bytes_moved: u64,
     /// `bytes_moved` over `time_ms`, in GB/s.
     pub achieved_gbps: f64,
-    /// `achieved_gbps` over the machine's peak, in [0, 1]: the profile's `bw_util`.
+    /// The profile's `bw_util`, in [0, 1]: on the CPU `achieved_gbps` over the machine's peak;
+    /// on a GPU NVML's memory-controller busy fraction over the point's iterations.
     pub bw_util: f64,
-    /// Busy fraction of the slot's core-time, in [0, 1]: the profile's `sm_util`.
+    /// The profile's `sm_util`, in [0, 1]: on the CPU the busy fraction of the slot's
+    /// core-time; on a GPU NVML's kernel-busy fraction over the point's iterations.
     pub sm_util: f64,
 }
 
@@ -70,8 +74,10 @@ pub struct EngineProfile {
     pub model: String,
     /// The sweep's settings.
     pub config: ProfileConfig,
-    /// The machine.
+    /// The machine (the host, when a GPU was profiled).
     pub machine: Machine,
+    /// The GPU the modules ran on ([`super::sweep_gpu`]), or `None` for this machine's CPU.
+    pub gpu: Option<GpuInfo>,
     /// The modules in model order.
     pub modules: Vec<ModuleInfo>,
     /// Every grid point, by module, then dp, then quota.
@@ -86,6 +92,9 @@ impl EngineProfile {
 
     /// One paragraph on what the numbers are, for the profile file's `source` field.
     pub fn source(&self) -> String {
+        if let Some(gpu) = &self.gpu {
+            return self.gpu_source(gpu);
+        }
         let m = &self.machine;
         let c = &self.config;
         format!(
@@ -106,6 +115,26 @@ impl EngineProfile {
             m.stream_array_mib,
             c.reps,
             c.warmup.max(1)
+        )
+    }
+
+    fn gpu_source(&self, gpu: &GpuInfo) -> String {
+        let c = &self.config;
+        format!(
+            "mosaic-engine: {} (size {}, seed {}, batch {}) measured on CUDA device {}, {}              ({} SMs, {:.1} GiB, peak {:.0} GB/s from NVML's memory clock and bus width),              candle's CUDA backend (bf16 matrix products, fp32 master weights and AdamW). A              sample is one data-parallel replica's iteration on batch/dp samples in a green              context of round(sm x {}) SMs, launched from one host thread: forward, backward,              in-process gradient all-reduce of dp replicas, AdamW step, each phase ended by a              stream synchronisation; median of {} after {} warm-up. mem_gib: parameters,              gradients, AdamW moments and the activations on the autograd tape, counted from              the tensors. sm_util and bw_util: NVML's kernel-busy and memory-controller busy              fractions over at least {} ms of the point's iterations. Interference not fitted              (mosaic fit --out).",
+            self.model,
+            c.size,
+            c.seed,
+            c.batch,
+            gpu.ordinal,
+            gpu.name,
+            gpu.sms,
+            gpu.memory_gib,
+            gpu.peak_gbps,
+            gpu.sms,
+            c.reps,
+            c.warmup.max(1),
+            super::gpu_sweep::BUSY_WINDOW.as_millis(),
         )
     }
 }
@@ -130,6 +159,11 @@ impl Profiler {
                 }
             }
         }
+        Ok(self.profile(None, points))
+    }
+
+    /// The profile of `points`, measured on `gpu` or on this machine's CPU.
+    pub(super) fn profile(&self, gpu: Option<GpuInfo>, points: Vec<Point>) -> EngineProfile {
         let modules = (0..self.model.modules.len())
             .map(|i| ModuleInfo {
                 name: self.model.modules[i].name.to_string(),
@@ -141,60 +175,117 @@ impl Profiler {
                 params: self.model.modules[i].params.count(),
             })
             .collect();
-        Ok(EngineProfile {
+        EngineProfile {
             model: self.model.name.to_string(),
             config: self.config.clone(),
             machine: self.machine.clone(),
+            gpu,
             modules,
             points,
-        })
+        }
     }
 
     /// Module `m` at data-parallel degree `dp` in `slot`.
     fn measure_point(&self, m: usize, dp: usize, slot: &Slot) -> Result<Point, EngineError> {
-        let module = &self.model.modules[m];
-        let shard = shards(self.config.batch, dp).swap_remove(0);
+        let run = Run::new(self, m, dp)?;
+        let (memory, (runs, sm_util)) = slot.run(|| -> Result<_, EngineError> {
+            let memory = run.warm_up()?;
+            Ok((memory, busy_share(|| run.timed(self.config.reps))?))
+        })?;
+        let mut point = run.point(slot.quota(), slot.threads(), memory, runs);
+        point.bw_util = (point.achieved_gbps / self.machine.peak_gbps).clamp(0.0, 1.0);
+        point.sm_util = sm_util;
+        Ok(point)
+    }
+}
+
+/// One grid point's iterations of one module: the replica's shard and the other replicas'
+/// stand-in gradients.
+pub(super) struct Run<'a> {
+    profiler: &'a Profiler,
+    m: usize,
+    dp: usize,
+    shard: Shard,
+    others: Vec<Vec<Tensor>>,
+}
+
+impl<'a> Run<'a> {
+    /// Module `m` of `profiler` at data-parallel degree `dp`.
+    pub(super) fn new(profiler: &'a Profiler, m: usize, dp: usize) -> Result<Run<'a>, EngineError> {
+        let module = &profiler.model.modules[m];
         let others =
             stand_in_grads(&module.params, dp).map_err(EngineError::tensor(module.name))?;
-        let threads = slot.threads();
-        let (memory, (mut runs, sm_util)) = slot.run(|| -> Result<_, EngineError> {
-            let err = || EngineError::tensor(module.name);
-            let mut memory = Memory::default();
-            for w in 0..self.config.warmup.max(1) {
-                let (_, counted) = self.iterate(m, &shard, &others, w == 0).map_err(err())?;
-                if let Some(c) = counted {
-                    memory = c;
-                }
+        Ok(Run {
+            profiler,
+            m,
+            dp,
+            shard: shards(profiler.config.batch, dp).swap_remove(0),
+            others,
+        })
+    }
+
+    fn error(&self) -> impl FnOnce(candle_core::Error) -> EngineError + '_ {
+        EngineError::tensor(self.profiler.model.modules[self.m].name)
+    }
+
+    /// One untimed iteration.
+    pub(super) fn once(&self) -> Result<Timing, EngineError> {
+        let (timing, _) = self
+            .profiler
+            .iterate(self.m, &self.shard, &self.others, false)
+            .map_err(self.error())?;
+        Ok(timing)
+    }
+
+    /// The warm-up iterations (at least one); what the replica holds, counted on the first.
+    pub(super) fn warm_up(&self) -> Result<Memory, EngineError> {
+        let mut memory = Memory::default();
+        for w in 0..self.profiler.config.warmup.max(1) {
+            let (_, counted) = self
+                .profiler
+                .iterate(self.m, &self.shard, &self.others, w == 0)
+                .map_err(self.error())?;
+            if let Some(c) = counted {
+                memory = c;
             }
-            let timed = busy_share(|| {
-                (0..self.config.reps)
-                    .map(|_| Ok(self.iterate(m, &shard, &others, false)?.0))
-                    .collect::<candle_core::Result<Vec<Timing>>>()
-                    .map_err(err())
-            })?;
-            Ok((memory, timed))
-        })?;
+        }
+        Ok(memory)
+    }
+
+    /// `reps` timed iterations.
+    pub(super) fn timed(&self, reps: usize) -> Result<Vec<Timing>, EngineError> {
+        (0..reps).map(|_| self.once()).collect()
+    }
+
+    /// The grid point of `runs` in a slot of `quota` and `cores`, its utilisations left at 0
+    /// for the caller to measure.
+    pub(super) fn point(
+        &self,
+        quota: f64,
+        cores: usize,
+        memory: Memory,
+        mut runs: Vec<Timing>,
+    ) -> Point {
         runs.sort_by(|a, b| a.total_ms().total_cmp(&b.total_ms()));
         let parts = runs[runs.len() / 2];
         let time_ms = parts.total_ms();
-        let bytes = bytes_moved(&memory, dp);
-        let achieved_gbps = bytes as f64 / (time_ms * 1e6);
-        Ok(Point {
-            module: module.name.to_string(),
-            dp,
-            sm: slot.quota(),
-            threads,
-            rows: shard.rows.len(),
+        let bytes = bytes_moved(&memory, self.dp);
+        Point {
+            module: self.profiler.model.modules[self.m].name.to_string(),
+            dp: self.dp,
+            sm: quota,
+            cores,
+            rows: self.shard.rows.len(),
             time_ms,
             min_ms: runs[0].total_ms(),
             max_ms: runs[runs.len() - 1].total_ms(),
             parts,
             memory,
             bytes_moved: bytes,
-            achieved_gbps,
-            bw_util: (achieved_gbps / self.machine.peak_gbps).clamp(0.0, 1.0),
-            sm_util,
-        })
+            achieved_gbps: bytes as f64 / (time_ms * 1e6),
+            bw_util: 0.0,
+            sm_util: 0.0,
+        }
     }
 }
 
@@ -222,7 +313,7 @@ mod tests {
             assert!((pt.parts.total_ms() - pt.time_ms).abs() < 1e-9);
             assert_eq!(pt.parts.allreduce_ms == 0.0, pt.dp == 1, "{pt:?}");
             assert!((0.0..=1.0).contains(&pt.sm_util) && (0.0..=1.0).contains(&pt.bw_util));
-            assert_eq!(pt.threads, threads_for(pt.sm, 2));
+            assert_eq!(pt.cores, threads_for(pt.sm, 2));
             assert_eq!(pt.rows, 8 / pt.dp);
             assert!(pt.memory.params > 0 && pt.memory.activations > 0);
             assert_eq!(pt.memory.grads, pt.memory.params);

@@ -5,7 +5,7 @@
 pub mod checkpoint;
 pub mod collective;
 pub mod feed;
-mod on_gpu;
+pub(crate) mod on_gpu;
 pub mod optim;
 pub mod schedule;
 pub mod slot;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
 use mosaic_engine::measure::{
-    colocation_file, measure_machine, ColocationConfig, MeasuredColocation, MAX_ATTEMPTS,
-    UNDISTURBED,
+    colocation_file, colocations_gpu, gpu_colocation_source, measure_machine, ColocationConfig,
+    MeasuredColocation, MAX_ATTEMPTS, UNDISTURBED,
 };
 
 use super::Sweep;
@@ -34,40 +34,61 @@ pub fn run(args: &Args) -> Result<()> {
     // Colocations read only the machine's name and cores, not its bandwidth: the least STREAM
     // run there is (1 MiB arrays, once), a few milliseconds.
     let machine = measure_machine(1, 1).map_err(engine)?;
-    let profiler = args.sweep.profiler(machine)?;
     let n = args.count;
     let config = ColocationConfig {
         samples: n as usize,
         seed: args.sweep.seed,
     };
-    eprintln!(
-        "measuring {n} random colocations of {}'s modules on {}, each module alone and then \
-         together in its own slot…",
-        profiler.model().name,
-        profiler.machine().name
-    );
     let width = n.to_string().len();
-    let measured = profiler
-        .colocations(&config, |i, s| {
-            eprintln!("[{:>width$}/{n}] {}", i + 1, colocation_line(s));
-        })
+    let progress = |i: usize, s: &MeasuredColocation| {
+        eprintln!("[{:>width$}/{n}] {}", i + 1, colocation_line(s));
+    };
+    let (file, measured, on_cpu) = if args.sweep.on_gpu() {
+        eprintln!(
+            "measuring {n} random colocations of {}'s modules on CUDA device 0, each module \
+             alone and then together in its stage's green context…",
+            args.sweep.model
+        );
+        let (gpu, measured) = colocations_gpu(
+            &args.sweep.model,
+            args.sweep.config(),
+            machine,
+            0,
+            &config,
+            progress,
+        )
         .map_err(engine)?;
-    let file = colocation_file(
-        profiler.machine(),
-        &measured,
-        profiler.colocation_source(&config),
-    );
+        let source = gpu_colocation_source(&gpu, &args.sweep.model, &args.sweep.config(), &config);
+        (
+            colocation_file(&gpu.name, &measured, source),
+            measured,
+            false,
+        )
+    } else {
+        let profiler = args.sweep.profiler(machine)?;
+        eprintln!(
+            "measuring {n} random colocations of {}'s modules on {}, each module alone and then \
+             together in its own slot…",
+            profiler.model().name,
+            profiler.machine().name
+        );
+        let measured = profiler.colocations(&config, progress).map_err(engine)?;
+        let source = profiler.colocation_source(&config);
+        let file = colocation_file(&profiler.machine().name, &measured, source);
+        (file, measured, true)
+    };
     let json = serde_json::to_string_pretty(&file)? + "\n";
     mosaic_profile::parse_colocations(&json, "the measured colocations")
         .map_err(|e| anyhow!("internal error: {e}"))?;
     std::fs::write(&args.out, &json)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
-    summarise(&measured, &args.out);
+    summarise(&measured, &args.out, on_cpu);
     Ok(())
 }
 
-/// The slowdowns together vs alone, and how many colocations other processes disturbed.
-fn summarise(measured: &[MeasuredColocation], out: &std::path::Path) {
+/// The slowdowns together vs alone, and (on CPU slots) how many colocations other processes
+/// disturbed.
+fn summarise(measured: &[MeasuredColocation], out: &std::path::Path, on_cpu: bool) {
     let slowdowns: Vec<f64> = measured
         .iter()
         .flat_map(|s| s.modules.iter().map(|m| m.slowdown()))
@@ -82,7 +103,7 @@ fn summarise(measured: &[MeasuredColocation], out: &std::path::Path) {
         100.0 * max
     );
     let disturbed = measured.iter().filter(|s| !s.undisturbed()).count();
-    if disturbed > 0 {
+    if on_cpu && disturbed > 0 {
         eprintln!(
             "note: {disturbed} of {} colocations stayed disturbed after {MAX_ATTEMPTS} attempts \
              (a slot got under {:.0}% of the core time together that it had alone): other \

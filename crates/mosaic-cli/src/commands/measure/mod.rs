@@ -10,9 +10,11 @@ mod slots;
 
 use anyhow::Result;
 use mosaic_engine::measure::{Machine, ProfileConfig, Profiler};
+use mosaic_engine::models::Recipe;
 use mosaic_engine::{models, Device};
 
 use super::engine::{engine, one_process, pin_candle_threads};
+use crate::input::BadInput;
 
 /// Untimed iterations before the timed ones of every measurement.
 const WARMUP: usize = 2;
@@ -21,7 +23,8 @@ const WARMUP: usize = 2;
 #[derive(clap::Subcommand, Debug)]
 pub enum Args {
     /// Measure an engine model's profile (mosaic-profiles/1): every module trained at every
-    /// (dp, quota) grid point, a quota being a slot of round(quota × cores) threads.
+    /// (dp, quota) grid point, a quota being a slot of round(quota × cores) threads, or with
+    /// --device cuda a green context of the GPU's SMs.
     Profile(profile::Args),
     /// Measure random colocations (mosaic-colocations/1): modules running side by side, each
     /// in its own slot, alone and then together — the samples `mosaic fit` fits to.
@@ -37,9 +40,12 @@ pub enum Args {
 /// The settings a profile and colocations are measured with.
 #[derive(clap::Args, Debug)]
 struct Sweep {
-    /// A built-in engine model: clip-tiny or omni-tiny.
+    /// An engine model: clip-tiny, omni-tiny, or the zoo-built clip and imagebind.
     #[arg(long)]
     model: String,
+    /// Scale a zoo-built model (clip, imagebind) down by this factor in (0, 1] (1: real size).
+    #[arg(long, default_value_t = 1.0)]
+    size: f64,
     /// The global batch; a replica at data-parallel degree dp runs batch/dp samples.
     #[arg(long, default_value_t = 16, value_parser = at_least_one())]
     batch: usize,
@@ -54,6 +60,10 @@ struct Sweep {
     /// Seed of the parameters and the data (and of the colocations' random draws).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Where the modules run: cpu (slots of this machine's cores) or cuda (green-context slots
+    /// of GPU 0's SMs; the GPU build: scripts/cuda-cargo).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
 }
 
 /// The most timed iterations of one measurement: a median of more is no better, and a run of
@@ -82,19 +92,42 @@ impl Sweep {
     /// measured.
     fn check(&self) -> Result<()> {
         models::data::check_batch(self.batch).map_err(engine)?;
-        models::build(&self.model, self.seed, &Device::Cpu).map_err(engine)?;
+        if !(self.size > 0.0 && self.size <= 1.0) {
+            return Err(BadInput(format!(
+                "--size: expected a factor in (0, 1], got {}",
+                self.size
+            ))
+            .into());
+        }
+        // The model's name and size, checked on its cheapest build of that size or less.
+        let smallest = Recipe::smallest(&self.model);
+        let recipe = Recipe {
+            size: self.size.min(smallest.size),
+            ..smallest
+        };
+        models::build_placed(&recipe, &|_| Device::Cpu).map_err(engine)?;
         Ok(())
     }
 
-    /// The profiler of the model on `machine`.
-    fn profiler(&self, machine: Machine) -> Result<Profiler> {
-        let config = ProfileConfig {
+    /// Whether the modules run on the GPU.
+    fn on_gpu(&self) -> bool {
+        self.device == "cuda"
+    }
+
+    /// The sweep's settings.
+    fn config(&self) -> ProfileConfig {
+        ProfileConfig {
             batch: self.batch,
             max_dp: self.max_dp,
             warmup: WARMUP,
             reps: self.reps,
             seed: self.seed,
-        };
-        Profiler::new(&self.model, config, machine).map_err(engine)
+            size: self.size,
+        }
+    }
+
+    /// The profiler of the model on `machine`.
+    fn profiler(&self, machine: Machine) -> Result<Profiler> {
+        Profiler::new(&self.model, self.config(), machine).map_err(engine)
     }
 }

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
-use mosaic_engine::measure::{measure_machine, profile_file, Machine, Point, UNDISTURBED};
+use mosaic_engine::measure::{
+    dp_grid, measure_machine, profile_file, sweep_gpu, EngineProfile, Machine, Point, UNDISTURBED,
+};
 
 use super::{Sweep, WARMUP};
 use crate::commands::engine::engine;
@@ -31,30 +33,74 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(out) = &args.out {
         check_output("--out", out)?;
     }
+    let profile = if args.sweep.on_gpu() {
+        on_gpu(args)?
+    } else {
+        on_cpu(args)?
+    };
+    write(&profile, args)
+}
+
+/// Every grid point on GPU 0, partition by partition.
+fn on_gpu(args: &Args) -> Result<EngineProfile> {
+    let sweep = &args.sweep;
+    eprintln!(
+        "profiling {} on CUDA device 0 at dp {{{}}} × the device's SM partitions (its deciles \
+         and the whole GPU), one green context at a time: {WARMUP} warm-up + {} timed \
+         iterations each, batch {}",
+        sweep.model,
+        dp_list(sweep.batch, sweep.max_dp),
+        sweep.reps,
+        sweep.batch
+    );
+    // The host is named in the profile's source; its bandwidth is not used (the least STREAM
+    // run there is).
+    let host = measure_machine(1, 1).map_err(engine)?;
+    let mut done = 0;
+    sweep_gpu(&sweep.model, sweep.config(), host, 0, |p| {
+        done += 1;
+        eprintln!("[{done}] {}", point_line(p, "SM"));
+    })
+    .map_err(engine)
+}
+
+/// The dp grid, comma-separated.
+fn dp_list(batch: usize, max_dp: usize) -> String {
+    let dps: Vec<String> = dp_grid(batch, max_dp)
+        .iter()
+        .map(usize::to_string)
+        .collect();
+    dps.join(", ")
+}
+
+/// Every grid point on this machine's CPU, after measuring the machine.
+fn on_cpu(args: &Args) -> Result<EngineProfile> {
     let profiler = args.sweep.profiler(machine()?)?;
     let total = profiler.grid_points();
     let quotas: Vec<String> = profiler.quotas().iter().map(|q| format!("{q}")).collect();
-    let dps: Vec<String> = profiler.dps().iter().map(usize::to_string).collect();
     eprintln!(
         "profiling {} ({}) at dp {{{}}} × quota {{{}}}: {total} grid points, {WARMUP} warm-up + \
          {} timed iterations each, batch {}",
         profiler.model().name,
         profiler.model().module_names(),
-        dps.join(", "),
+        dp_list(args.sweep.batch, args.sweep.max_dp),
         quotas.join(", "),
         args.sweep.reps,
         args.sweep.batch
     );
     let width = total.to_string().len();
     let mut done = 0;
-    let profile = profiler
+    profiler
         .sweep(|p| {
             done += 1;
-            eprintln!("[{done:>width$}/{total}] {}", point_line(p));
+            eprintln!("[{done:>width$}/{total}] {}", point_line(p, "thread"));
         })
-        .map_err(engine)?;
+        .map_err(engine)
+}
 
-    let file = profile_file(&profile);
+/// Writes `profile` where `--out` says, after checking the planner reads it.
+fn write(profile: &EngineProfile, args: &Args) -> Result<()> {
+    let file = profile_file(profile);
     let json = serde_json::to_string_pretty(&file)? + "\n";
     // What is written must be what the planner reads.
     mosaic_profile::parse(&json, "the measured profile")
@@ -108,18 +154,18 @@ fn machine() -> Result<Machine> {
     Ok(machine)
 }
 
-/// One grid point as a progress line.
-fn point_line(p: &Point) -> String {
+/// One grid point as a progress line; `unit` names the slot's cores (thread, SM).
+fn point_line(p: &Point, unit: &str) -> String {
     let t = &p.parts;
     format!(
-        "{} dp {} quota {:.2} ({} thread{}, {} sample{}): {:.3} ms (forward {:.3}, backward \
+        "{} dp {} quota {:.2} ({} {unit}{}, {} sample{}): {:.3} ms (forward {:.3}, backward \
          {:.3}, all-reduce {:.3}, AdamW {:.3}), {:.3} MiB, ~{:.2} GB/s (bw_util {:.4}), \
          sm_util {:.2}",
         p.module,
         p.dp,
         p.sm,
-        p.threads,
-        if p.threads == 1 { "" } else { "s" },
+        p.cores,
+        if p.cores == 1 { "" } else { "s" },
         p.rows,
         if p.rows == 1 { "" } else { "s" },
         p.time_ms,

@@ -21,9 +21,17 @@ pub struct GpuDevice {
     inner: Arc<DeviceInner>,
 }
 
-/// The name and compute capability (major, minor) of device `dev`; `at` names the call in
-/// errors.
-fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<(String, i32, i32), EngineError> {
+/// What names a device: its name, PCI bus id (`0000:19:00.0`, which NVML finds it by) and
+/// compute capability (major, minor).
+struct Identity {
+    name: String,
+    pci_bus_id: String,
+    major: i32,
+    minor: i32,
+}
+
+/// The [`Identity`] of device `dev`; `at` names the call in errors.
+fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<Identity, EngineError> {
     // SAFETY (all calls below): the driver is loaded and initialised, every out pointer points
     // at a live local.
     let attribute = |a: CUdevice_attribute, what: &str| -> Result<i32, EngineError> {
@@ -46,10 +54,22 @@ fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<(String, i32, 
         unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) },
         || at("cuDeviceGetName"),
     )?;
-    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    Ok((name, major, minor))
+    let text = |buf: &[c_char]| {
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut bus = [0 as c_char; 64];
+    check(
+        unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) },
+        || at("cuDeviceGetPCIBusId"),
+    )?;
+    Ok(Identity {
+        name: text(&name),
+        pci_bus_id: text(&bus),
+        major,
+        minor,
+    })
 }
 
 impl GpuDevice {
@@ -68,7 +88,12 @@ impl GpuDevice {
             unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
             || at("cuDeviceGet"),
         )?;
-        let (name, major, minor) = identify(dev, &at)?;
+        let Identity {
+            name,
+            pci_bus_id,
+            major,
+            minor,
+        } = identify(dev, &at)?;
         if major < 6 {
             return Err(EngineError::Cuda {
                 what: at("green contexts"),
@@ -99,6 +124,7 @@ impl GpuDevice {
                 ordinal,
                 dev,
                 name,
+                pci_bus_id,
                 sms: sm_count(&whole),
                 compute_capability: (major, minor),
                 primary,
@@ -115,6 +141,11 @@ impl GpuDevice {
     /// The device's name (e.g. `NVIDIA H100 80GB HBM3`).
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The device's PCI bus id (`0000:19:00.0`): how NVML finds the same device.
+    pub fn pci_bus_id(&self) -> &str {
+        &self.inner.pci_bus_id
     }
 
     /// The device's SMs (as its SM resource reports them).

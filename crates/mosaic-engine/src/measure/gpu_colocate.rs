@@ -1,0 +1,204 @@
+//! Co-located runs on a GPU (`mosaic measure colocations --device cuda`): the samples of
+//! [`super::colocate`] — the same random draws, alone then together, the same kept iterations
+//! — with every module of a colocation in one stage's green-context slots (disjoint SMs, as a
+//! plan's stage gets them: `GpuDevice::create_stage`), each driven from its own host thread, as
+//! the engine's trainer drives a stage.
+//!
+//! - **Quotas**: whole partitions of the device (8, 16, …, 128 of an H100's 132 SMs), drawn as
+//!   steps of one partition; a colocation takes at most what one split hands out.
+//! - **The model** is built afresh for each colocation, the drawn modules on their slots'
+//!   devices and the others on one device over the whole GPU, which only makes the drawn
+//!   modules' inputs (same seed, same values).
+//! - **Busy shares**: of each module's launching thread (its CPU time over the wall time); a
+//!   GPU is not shared with other processes on the machines this runs on, so each colocation
+//!   is measured once.
+
+use super::colocate::{ColocationConfig, MeasuredColocation};
+use super::gpu_sweep::GpuInfo;
+use super::machine::Machine;
+use super::profiler::ProfileConfig;
+use crate::error::EngineError;
+
+/// One paragraph on what GPU colocation samples are, for the colocations file's `source`.
+pub fn gpu_colocation_source(
+    gpu: &GpuInfo,
+    model: &str,
+    config: &ProfileConfig,
+    colocations: &ColocationConfig,
+) -> String {
+    format!(
+        "mosaic-engine: {} random colocations of {model} (size {}, seed {}, batch {}) on CUDA \
+         device {}, {}: the modules of a colocation in one stage's green contexts (disjoint \
+         whole partitions of its {} SMs), each one data-parallel replica of batch/dp samples \
+         on candle's CUDA backend, driven from its own host thread; time_ms is the median of a \
+         module's iterations after {} warm-up that ran while all the others were running (at \
+         least {} each), every iteration ended by a stream synchronisation.",
+        colocations.samples,
+        config.size,
+        colocations.seed,
+        config.batch,
+        gpu.ordinal,
+        gpu.name,
+        gpu.sms,
+        config.warmup,
+        config.reps
+    )
+}
+
+/// The error of a build without GPU compute.
+#[cfg(not(all(feature = "cuda", mosaic_gpu)))]
+pub fn colocations_gpu(
+    _model: &str,
+    _config: ProfileConfig,
+    _host: Machine,
+    ordinal: usize,
+    _colocations: &ColocationConfig,
+    _on_sample: impl FnMut(usize, &MeasuredColocation),
+) -> Result<(GpuInfo, Vec<MeasuredColocation>), EngineError> {
+    Err(crate::runtime::on_gpu::needs_gpu_build(&format!(
+        "measuring colocations on CUDA device {ordinal}"
+    )))
+}
+
+/// Draws `colocations.samples` random colocations of the engine model `model` and measures
+/// each on CUDA device `ordinal` (see the module documentation), calling `on_sample` with its
+/// index after each; returns the device and the samples. `host` is the machine the GPU is in.
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+pub fn colocations_gpu(
+    model: &str,
+    config: ProfileConfig,
+    host: Machine,
+    ordinal: usize,
+    colocations: &ColocationConfig,
+    mut on_sample: impl FnMut(usize, &MeasuredColocation),
+) -> Result<(GpuInfo, Vec<MeasuredColocation>), EngineError> {
+    use candle_core::Device;
+    use mosaic_kit::rng::SplitMix64;
+
+    use super::colocate::{draw, MAX_COLOCATED};
+    use super::profiler::{dp_grid, Profiler};
+    use crate::models::{self, Recipe};
+    use crate::runtime::slot::cuda::Binding;
+
+    let (gpu, _nvml, info) = super::gpu_sweep::open(ordinal)?;
+    // The module names, from the cheapest build of the model.
+    let smallest = Recipe::smallest(model);
+    let names: Vec<String> = models::build_placed(
+        &Recipe {
+            size: config.size.min(smallest.size),
+            ..smallest
+        },
+        &|_| Device::Cpu,
+    )?
+    .modules
+    .iter()
+    .map(|m| m.name.to_string())
+    .collect();
+    let step = info.partition.step_sms.max(1);
+    let capacity = info.partition.largest_within(info.sms).unwrap_or(0);
+    let quotas: Vec<f64> = (1..=capacity / step)
+        .map(|k| (k * step) as f64 / info.sms as f64)
+        .collect();
+    let k_max = MAX_COLOCATED.min(names.len()).min(quotas.len());
+    if k_max < 2 {
+        return Err(EngineError::BadSetting {
+            setting: "mosaic measure colocations".into(),
+            message: format!(
+                "no two modules can share {}: {} partition step(s) and {} module(s)",
+                info.name,
+                quotas.len(),
+                names.len()
+            ),
+        });
+    }
+    let dps = dp_grid(config.batch, config.max_dp);
+    let rest = Device::new_cuda(ordinal).map_err(EngineError::tensor("colocations"))?;
+    let mut out = Vec::with_capacity(colocations.samples);
+    for s in 0..colocations.samples {
+        let mut rng = SplitMix64::stream(colocations.seed, "profile/colocations", s as u64);
+        let picks = draw(&mut rng, names.len(), &dps, k_max, &quotas);
+        let stage: Vec<(&str, f64)> = picks.iter().map(|&(m, _, q)| (&*names[m], q)).collect();
+        let slots = gpu.create_stage(&stage)?;
+        let sample = {
+            let devices = slots
+                .iter()
+                // SAFETY: the devices and the profiler holding every tensor on them are
+                // dropped at the end of this block, before the slots.
+                .map(|slot| unsafe { slot.candle_device(Binding::Primary) })
+                .collect::<Result<Vec<_>, _>>()?;
+            let place = |name: &str| match stage.iter().position(|&(n, _)| n == name) {
+                Some(j) => devices[j].clone(),
+                None => rest.clone(),
+            };
+            let profiler = Profiler::on(model, config.clone(), host.clone(), &place)?;
+            let sms: Vec<usize> = slots.iter().map(|s| s.sms() as usize).collect();
+            on_device::measure(&profiler, &picks, sms)?
+        };
+        on_sample(s, &sample);
+        out.push(sample);
+    }
+    Ok((info, out))
+}
+
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+mod on_device {
+    use std::sync::atomic::Ordering::SeqCst;
+
+    use mosaic_kit::stats::median_high;
+
+    use super::super::colocate::{Ends, MeasuredColocation, Pick, Race};
+    use super::super::machine::thread_busy;
+    use super::super::profiler::{Profiler, Timing};
+    use super::super::sweep::Run;
+    use crate::error::EngineError;
+
+    /// `picks` (on their slots' devices, of `sms` SMs) alone, one after another, then together,
+    /// one host thread each.
+    pub(super) fn measure(
+        profiler: &Profiler,
+        picks: &[Pick],
+        sms: Vec<usize>,
+    ) -> Result<MeasuredColocation, EngineError> {
+        let config = profiler.config();
+        let alone = picks
+            .iter()
+            .map(|&(m, dp, _)| {
+                let run = Run::new(profiler, m, dp)?;
+                for _ in 0..config.warmup {
+                    run.once()?;
+                }
+                let (times, busy) = thread_busy(|| run.timed(config.reps))?;
+                let times: Vec<f64> = times.iter().map(Timing::total_ms).collect();
+                Ok((median_high(&times).unwrap_or(0.0), busy))
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let target = config.warmup + config.reps;
+        let race = &Race::new(picks.len());
+        let together: Vec<Ends> = std::thread::scope(|scope| {
+            let handles: Vec<_> = picks
+                .iter()
+                .enumerate()
+                .map(|(j, &(m, dp, _))| {
+                    scope.spawn(move || {
+                        let result = Run::new(profiler, m, dp)
+                            .and_then(|run| thread_busy(|| run.until_all_done(j, target, race)));
+                        race.abandon();
+                        result
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Cuda {
+                            what: "measuring a colocation".into(),
+                            message: "a module's launching thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        profiler.assemble(picks, sms, alone, together, race.stop_at.load(SeqCst))
+    }
+}
