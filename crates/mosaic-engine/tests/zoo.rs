@@ -1,6 +1,7 @@
 //! The zoo-built models (`clip`, `imagebind`) at a small size on the CPU: every trainable
 //! parameter learns, the zoo's frozen modules get no gradient and never change, the loss
-//! falls, and a plan that co-locates the encoders gives the losses of one that does not.
+//! falls, a plan that co-locates the encoders gives the losses of one that does not, and so
+//! does recomputing the encoders' activations.
 
 use candle_core::Device;
 use mosaic_engine::models::{self, nn::to_f32s, Model, Recipe};
@@ -82,6 +83,42 @@ fn co_locating_the_encoders_keeps_the_losses() {
     let (a, b) = (run(false), run(true));
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn recomputing_activations_keeps_the_losses_and_gradients() {
+    let run = |recompute: bool| {
+        let m = model("clip");
+        let recomputing: Vec<bool> = m
+            .modules
+            .iter()
+            .map(|module| module.net.set_recompute(recompute))
+            .collect();
+        // The encoders can; the loss module has no blocks.
+        assert_eq!(recomputing, [true, true, false]);
+        let schedule = Schedule::sequential(&m, 2);
+        let mut t = Trainer::new(m, schedule, TrainConfig::default()).unwrap();
+        let (loss, grads) = t.gradients().unwrap();
+        let grads: Vec<Vec<f32>> = grads.iter().map(|g| to_f32s(&g.grad).unwrap()).collect();
+        let losses: Vec<f32> = (0..3).map(|_| t.step().unwrap().loss).collect();
+        (loss, grads, losses)
+    };
+    let (plain, recomputed) = (run(false), run(true));
+    assert_eq!(plain.0, recomputed.0);
+    assert_eq!(plain.1.len(), recomputed.1.len());
+    for (a, b) in plain.1.iter().zip(&recomputed.1) {
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(diff <= 1e-5 * scale, "{diff} of {scale}");
+    }
+    for (x, y) in plain.2.iter().zip(&recomputed.2) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "{:?} vs {:?}",
+            plain.2,
+            recomputed.2
+        );
     }
 }
 

@@ -371,7 +371,7 @@ fn announce(
             "steps": args.steps, "cores": cores, "schedule": trainer.schedule(),
             "collective": trainer.collective().name(), "ranks": world, "modules": params,
             "slots_created": trainer.slots_created(), "resumed_from": resumed_from,
-            "data": data_name, "producers": producers,
+            "data": data_name, "producers": producers, "recomputing": trainer.recomputing(),
         });
         println!("{start}");
     } else if !v.quiet {
@@ -401,6 +401,13 @@ fn announce(
                 None => String::new(),
             }
         );
+        if !trainer.recomputing().is_empty() {
+            eprintln!(
+                "recomputing the activations of {} in the backward pass: the plan's step did not \
+                 fit the GPU's memory otherwise",
+                trainer.recomputing().join(", ")
+            );
+        }
     }
 }
 

@@ -44,6 +44,8 @@ mod profiler;
 mod slots;
 mod sweep;
 
+#[cfg(test)]
+pub(crate) use bytes::tape_bytes;
 pub use bytes::{bytes_moved, Memory};
 pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOCATED};
 pub use files::{colocation_file, profile_file};

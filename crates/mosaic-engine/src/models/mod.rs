@@ -17,6 +17,7 @@ pub mod model;
 pub mod nn;
 mod omni;
 pub mod packed;
+pub mod recompute;
 pub mod towers;
 pub mod zoo;
 

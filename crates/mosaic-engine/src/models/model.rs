@@ -83,6 +83,12 @@ pub trait Net: Send + Sync {
     /// The replica's forward pass. `inputs` follow [`Module::inputs`]: the shard's rows for a
     /// [`Coupling::Sharded`] module, the whole batch for a [`Coupling::Gathered`] one.
     fn forward(&self, inputs: &[Tensor], shard: &Shard) -> Result<Tensor>;
+
+    /// Turns activation recomputation ([`super::recompute`]) on or off for later forward
+    /// passes; returns whether this net can recompute (the default cannot).
+    fn set_recompute(&self, _on: bool) -> bool {
+        false
+    }
 }
 
 /// A separately placed unit of a model: its inputs, its parameters and its computation.
@@ -149,6 +155,8 @@ impl Module {
         rows: &Range<usize>,
         inputs: &[Option<Var>],
     ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>)> {
+        // Left over from a backward pass that failed on this thread.
+        drop(super::recompute::take_stash());
         let grads = match self.output {
             Output::Loss => out.backward()?,
             Output::Activation => {
@@ -158,9 +166,20 @@ impl Module {
                 out.mul(&g)?.sum_all()?.backward()?
             }
         };
-        let read = |v: &Var| match grads.get(v.as_tensor()) {
-            Some(g) => Ok(g.clone()),
-            None => v.as_tensor().zeros_like(),
+        // Recomputed blocks hand their parameters' gradients over beside the tape.
+        let stash = super::recompute::take_stash();
+        let read = |v: &Var| {
+            let mut g = grads.get(v.as_tensor()).cloned();
+            for (_, s) in stash.iter().filter(|(id, _)| *id == v.id()) {
+                g = Some(match g {
+                    Some(g) => (g + s)?,
+                    None => s.clone(),
+                });
+            }
+            match g {
+                Some(g) => Ok(g),
+                None => v.as_tensor().zeros_like(),
+            }
         };
         let params = (self.params.iter())
             .map(|(_, v)| read(v))

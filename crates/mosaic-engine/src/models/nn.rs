@@ -330,6 +330,25 @@ impl Block {
         self.forward_masked(x, None)
     }
 
+    /// The parameters it reads (their tensors, whose ids are the variables').
+    pub fn params(&self) -> [&Tensor; 12] {
+        let (ln1, ln2, attn) = (&self.ln1, &self.ln2, &self.attn);
+        [
+            &ln1.gamma,
+            &ln1.beta,
+            &attn.qkv.weight,
+            &attn.qkv.bias,
+            &attn.out.weight,
+            &attn.out.bias,
+            &ln2.gamma,
+            &ln2.beta,
+            &self.fc1.weight,
+            &self.fc1.bias,
+            &self.fc2.weight,
+            &self.fc2.bias,
+        ]
+    }
+
     /// `x`: `[batch, tokens, dim]` with an additive attention mask (see
     /// [`Attention::forward_masked`]).
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {

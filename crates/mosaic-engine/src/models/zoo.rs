@@ -26,8 +26,11 @@
 //!
 //! **Departures**, stated: plain GELU MLPs and LayerNorm everywhere (no quick-GELU, none of
 //! ImageBind's per-modality pre- and post-processing), attention unfused (its score matrices
-//! are materialised: candle has no fused attention with a backward pass), and no separate CLS
-//! token (the zoo's token count includes it; its position pools).
+//! are materialised: candle has no fused attention with a backward pass; an encoder can
+//! recompute its blocks' activations instead of keeping them, [`super::recompute`]), and no
+//! separate CLS token (the zoo's token count includes it; its position pools).
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use candle_core::{DType, Device, Result, Tensor};
 use mosaic_kit::rng::SplitMix64;
@@ -39,6 +42,7 @@ use super::nn::{
     l2_normalise, log_softmax, matmul_in, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear,
     ParamBuilder,
 };
+use super::recompute::run_blocks_recomputing;
 use super::towers::TextLayout;
 
 const ATTRS: usize = 3;
@@ -107,6 +111,8 @@ struct Encoder {
     blocks: Vec<Block>,
     ln: LayerNorm,
     pool_last: bool,
+    /// Whether the blocks recompute their activations in the backward pass.
+    recompute: AtomicBool,
 }
 
 impl Net for Encoder {
@@ -120,11 +126,20 @@ impl Net for Encoder {
                     .reshape((b, t, table.dim(1)?))?
             }
         };
-        let x = self
-            .ln
-            .forward(&run_blocks(&self.blocks, x.broadcast_add(&self.pos)?)?)?;
+        let x = x.broadcast_add(&self.pos)?;
+        let x = if self.recompute.load(Relaxed) {
+            run_blocks_recomputing(&self.blocks, x, None)?
+        } else {
+            run_blocks(&self.blocks, x)?
+        };
+        let x = self.ln.forward(&x)?;
         let at = if self.pool_last { x.dim(1)? - 1 } else { 0 };
         x.narrow(1, at, 1)?.squeeze(1)
+    }
+
+    fn set_recompute(&self, on: bool) -> bool {
+        self.recompute.store(on, Relaxed);
+        true
     }
 }
 
@@ -286,6 +301,7 @@ pub fn build(name: &str, seed: u64, size: f64, place: &dyn Fn(&str) -> Device) -
             blocks: Block::stack(&mut p, shape.dims, shape.causal)?,
             ln: LayerNorm::new(&mut p, "ln", dim)?,
             pool_last: shape.causal,
+            recompute: AtomicBool::new(false),
         };
         let mut rng = SplitMix64::stream(seed, &format!("zoo/patterns/{name}"), 0);
         let patterns = match shape.reads {

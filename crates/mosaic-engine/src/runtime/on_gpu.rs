@@ -159,28 +159,53 @@ fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineError> {
 
 /// Runs one step's forward and backward passes on the GPU without updating anything, so that
 /// a plan whose activations do not fit fails before step 1, naming the module and what to
-/// change, instead of in the middle of training.
+/// change, instead of in the middle of training. When the step runs out of memory, every
+/// module that can turns activation recomputation on ([`crate::models::recompute`]; a frozen
+/// one then holds one block's activations at a time in its forward pass too) and the step is
+/// tried again; returns the modules that recompute.
 pub(crate) fn probe_memory(
     trainer: &super::trainer::Trainer,
     ordinal: usize,
-) -> Result<(), EngineError> {
-    match trainer.trial_step() {
-        Err(e) if e.is_out_of_memory() => {
-            let module = match &e {
-                EngineError::Tensor { module, .. } => format!("module \"{module}\""),
-                _ => "a module".to_string(),
-            };
-            Err(EngineError::DeviceMemory {
-                device: ordinal,
-                message: format!(
-                    "{module} ran out of memory in a trial step at batch {} by this plan \
-                     (every module's weights, gradients and AdamW moments stay on the GPU, \
-                     and a stage's modules hold their activations at once): lower --batch, \
-                     train a smaller model (--size), or plan fewer modules per stage; {e}",
-                    trainer.config().batch
-                ),
-            })
+) -> Result<Vec<&'static str>, EngineError> {
+    let first = match trainer.trial_step() {
+        Err(e) if e.is_out_of_memory() => e,
+        other => return other.map(|_| Vec::new()),
+    };
+    // Another rank may be waiting in a collective of the failed step, which a second try
+    // would answer out of order: with several ranks the run stops (and mpirun stops them all).
+    let alone = trainer.collective().world() == 1;
+    let recomputing: Vec<&'static str> = (trainer.model().modules.iter())
+        .filter(|m| alone && m.net.set_recompute(true))
+        .map(|m| m.name)
+        .collect();
+    let e = if recomputing.is_empty() {
+        first
+    } else {
+        match trainer.trial_step() {
+            Err(e) if e.is_out_of_memory() => e,
+            other => return other.map(|_| recomputing),
         }
-        other => other,
-    }
+    };
+    let module = match &e {
+        EngineError::Tensor { module, .. } => format!("module \"{module}\""),
+        _ => "a module".to_string(),
+    };
+    let recomputed = if recomputing.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " even with {} recomputing activations",
+            recomputing.join(", ")
+        )
+    };
+    Err(EngineError::DeviceMemory {
+        device: ordinal,
+        message: format!(
+            "{module} ran out of memory in a trial step at batch {} by this plan{recomputed} \
+             (every module's weights, gradients and AdamW moments stay on the GPU, and a \
+             stage's modules hold their activations at once): lower --batch, train a smaller \
+             model (--size), or plan fewer modules per stage; {e}",
+            trainer.config().batch
+        ),
+    })
 }

@@ -153,6 +153,8 @@ pub struct Trainer {
     ranks: Vec<Vec<usize>>,
     /// The ranks holding replicas, ascending, per module (its communication group).
     groups: Vec<Vec<usize>>,
+    /// The modules recomputing activations (see [`Trainer::recomputing`]).
+    recomputing: Vec<&'static str>,
 }
 
 /// A replica's forward state kept for its backward pass.
@@ -266,7 +268,7 @@ impl Trainer {
             }
         };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
-        let trainer = Trainer {
+        let mut trainer = Trainer {
             model,
             schedule,
             config,
@@ -277,9 +279,10 @@ impl Trainer {
             collective,
             ranks,
             groups,
+            recomputing: Vec::new(),
         };
         if let Compute::Cuda(ordinal) = trainer.config.compute {
-            super::on_gpu::probe_memory(&trainer, ordinal)?;
+            trainer.recomputing = super::on_gpu::probe_memory(&trainer, ordinal)?;
         }
         Ok(trainer)
     }
@@ -315,6 +318,12 @@ impl Trainer {
         (0..self.model.modules.len())
             .map(|m| self.slots.pooled(m).and_then(Slot::sms))
             .collect()
+    }
+
+    /// The modules that recompute their activations in the backward pass, because the plan
+    /// did not fit the GPU's memory otherwise (found before step 1).
+    pub fn recomputing(&self) -> &[&'static str] {
+        &self.recomputing
     }
 
     /// The collective the replicas use.
@@ -575,9 +584,13 @@ impl Trainer {
             })
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
+        // A frozen module that reads data only never back-propagates: its tape goes at once.
+        let keeps_tape =
+            module.trainable || module.inputs.iter().any(|i| matches!(i, Input::Module(_)));
         let replica = |shard: Shard| -> candle_core::Result<ReplicaTape> {
             let (xs, vars) = module.replica_inputs(wholes.iter().cloned(), &shard)?;
             let out = module.net.forward(&xs, &shard)?;
+            let out = if keeps_tape { out } else { out.detach() };
             Ok(ReplicaTape {
                 rows: shard.rows,
                 out,

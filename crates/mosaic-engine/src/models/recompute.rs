@@ -1,0 +1,269 @@
+//! Activation recomputation (gradient checkpointing, Chen et al. 2016; Megatron-LM's full
+//! recomputation): a stack of transformer blocks whose forward pass keeps only each block's
+//! input, and whose backward pass runs each block forward again, with its tape, just before
+//! back-propagating through it. The tape then holds one block's activations at a time instead
+//! of every block's — what lets real-size CLIP train at per-GPU batch 16 here, where candle's
+//! unfused attention keeps several `batch × heads × tokens²` score tensors per block — for one
+//! more forward pass per block. The zoo's device model assumes the same of a module whose
+//! activations do not fit (`mosaic_zoo::analytic`).
+//!
+//! Each block becomes a custom op of candle's autograd ([`CustomOp1`]) on its input: its
+//! forward returns the block's output, computed beforehand from the detached input (so no
+//! tape is kept), and its backward recomputes and back-propagates. candle's custom ops return
+//! only their input's gradient, so the parameters' gradients go to a per-thread stash, which
+//! [`Module::replica_backward`](super::model::Module) merges after `backward` (candle runs a
+//! backward pass on the calling thread).
+
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{TensorId, Var};
+
+use super::nn::Block;
+
+thread_local! {
+    /// Parameter gradients the blocks' backward passes produced on this thread.
+    static STASH: RefCell<Vec<(TensorId, Tensor)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes the parameter gradients stashed on this thread since the last call.
+pub(crate) fn take_stash() -> Vec<(TensorId, Tensor)> {
+    STASH.with(|s| std::mem::take(&mut *s.borrow_mut()))
+}
+
+/// Runs `blocks` on `x` (each attention with the additive `mask`), keeping only each block's
+/// input on the tape (see the module documentation). Same values and gradients as
+/// [`super::nn::run_blocks_masked`].
+pub fn run_blocks_recomputing(
+    blocks: &[Block],
+    mut x: Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    for block in blocks {
+        let y = block.forward_masked(&x.detach(), mask)?.detach();
+        x = x.apply_op1(Recompute {
+            block: block.clone(),
+            mask: mask.cloned(),
+            output: Mutex::new(Some(y)),
+        })?;
+    }
+    Ok(x)
+}
+
+/// One block as a custom op of its input: the output computed beforehand, handed over once.
+struct Recompute {
+    block: Block,
+    mask: Option<Tensor>,
+    output: Mutex<Option<Tensor>>,
+}
+
+impl Recompute {
+    /// The precomputed output's storage (taken: the op keeps no copy) and shape.
+    fn output(&self) -> Result<(Storage, Shape)> {
+        let y = self
+            .output
+            .lock()
+            .expect("output lock")
+            .take()
+            .ok_or_else(|| {
+                candle_core::Error::Msg("a recomputed block ran forward twice".into())
+            })?;
+        let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
+            y
+        } else {
+            y.copy()?
+        };
+        let (storage, layout) = y.storage_and_layout();
+        let storage = match &*storage {
+            Storage::Cpu(s) => Storage::Cpu(s.try_clone(layout)?),
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone(layout)?),
+            Storage::Metal(_) => candle_core::bail!("recomputation runs on the CPU and CUDA"),
+        };
+        Ok((storage, y.shape().clone()))
+    }
+}
+
+impl CustomOp1 for Recompute {
+    fn name(&self) -> &'static str {
+        "recomputed-block"
+    }
+
+    fn cpu_fwd(&self, _x: &CpuStorage, _layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        match self.output()? {
+            (Storage::Cpu(s), shape) => Ok((s, shape)),
+            _ => candle_core::bail!("a recomputed block's output is not on the CPU"),
+        }
+    }
+
+    fn cuda_fwd(&self, _x: &CudaStorage, _layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        match self.output()? {
+            (Storage::Cuda(s), shape) => Ok((s, shape)),
+            _ => candle_core::bail!("a recomputed block's output is not on the GPU"),
+        }
+    }
+
+    /// Runs the block again from its input, with its tape, and back-propagates `grad` (the
+    /// gradient of its output) through it: the input's gradient is returned, the parameters'
+    /// are stashed.
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let input = Var::from_tensor(&x.detach())?;
+        let y = self
+            .block
+            .forward_masked(input.as_tensor(), self.mask.as_ref())?;
+        let grads = y.mul(&grad.detach())?.sum_all()?.backward()?;
+        STASH.with(|s| {
+            let mut s = s.borrow_mut();
+            for p in self.block.params() {
+                if let Some(g) = grads.get(p) {
+                    s.push((p.id(), g.clone()));
+                }
+            }
+        });
+        Ok(grads.get(input.as_tensor()).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::tape_bytes;
+    use crate::models::nn::{run_blocks, BlockDims, ParamBuilder};
+    use candle_core::Device;
+    use mosaic_kit::rng::SplitMix64;
+
+    fn stack(layers: usize) -> (Vec<Block>, crate::models::nn::Params) {
+        let mut pb = ParamBuilder::new(SplitMix64::new(3), &Device::Cpu);
+        let dims = BlockDims {
+            dim: 16,
+            heads: 2,
+            mlp: 32,
+            layers,
+        };
+        let blocks = (0..layers)
+            .map(|i| Block::new(&mut pb, &format!("b{i}"), dims, false))
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+        (blocks, pb.finish())
+    }
+
+    /// The loss `Σ y ⊙ w` of a stack's output, and every parameter's and the input's
+    /// gradient, with or without recomputation.
+    fn grads(recompute: bool) -> (f32, Vec<Vec<f32>>, usize) {
+        let (blocks, params) = stack(3);
+        let x = Var::from_tensor(
+            &Tensor::from_vec(
+                SplitMix64::new(5).normals(2 * 7 * 16, 1.0),
+                (2, 7, 16),
+                &Device::Cpu,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let w = Tensor::from_vec(
+            SplitMix64::new(6).normals(2 * 7 * 16, 1.0),
+            (2, 7, 16),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let y = if recompute {
+            run_blocks_recomputing(&blocks, x.as_tensor().clone(), None).unwrap()
+        } else {
+            run_blocks(&blocks, x.as_tensor().clone()).unwrap()
+        };
+        let tape = tape_bytes(&y, &params) as usize;
+        let loss = y.mul(&w).unwrap().sum_all().unwrap();
+        let store = loss.backward().unwrap();
+        let stash = take_stash();
+        let mut out = vec![store
+            .get(x.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()];
+        for (_, v) in params.iter() {
+            let g = match store.get(v.as_tensor()) {
+                Some(g) => g.clone(),
+                None => stash
+                    .iter()
+                    .find(|(id, _)| *id == v.id())
+                    .unwrap()
+                    .1
+                    .clone(),
+            };
+            out.push(g.flatten_all().unwrap().to_vec1().unwrap());
+        }
+        (loss.to_scalar().unwrap(), out, tape)
+    }
+
+    #[test]
+    fn recomputation_gives_the_same_gradients_from_a_smaller_tape() {
+        let (loss, plain, plain_tape) = grads(false);
+        let (loss_r, recomputed, tape) = grads(true);
+        assert_eq!(loss, loss_r);
+        assert_eq!(plain.len(), recomputed.len());
+        for (a, b) in plain.iter().zip(&recomputed) {
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+            let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(diff / scale < 1e-5, "{diff} of {scale}");
+        }
+        // Each block's input and the output only (4 tensors of 2 × 7 × 16 f32), against the
+        // whole tape of three blocks.
+        assert!(tape <= 4 * 2 * 7 * 16 * 4, "{tape} bytes");
+        assert!(plain_tape > 5 * tape, "{plain_tape} vs {tape}");
+        assert!(take_stash().is_empty(), "the stash is taken");
+    }
+}
+
+/// The tape of real-size CLIP ViT-L/14 vision blocks (24 × 1024 wide, 16 heads, MLP 4096, 1297
+/// tokens) at batch 1 with bf16 products, with and without recomputation: what
+/// the README's memory figures rest on. Ignored (a few GB and seconds on the CPU):
+/// `cargo test -p mosaic-engine --profile ci --lib tape_of_real_size -- --ignored --nocapture`.
+#[cfg(test)]
+mod real_size {
+    use super::*;
+    use crate::measure::tape_bytes;
+    use crate::models::nn::{run_blocks, BlockDims, ParamBuilder};
+    use candle_core::{DType, Device};
+    use mosaic_kit::rng::SplitMix64;
+
+    #[test]
+    #[ignore]
+    fn tape_of_real_size_clip_vision_blocks() {
+        let layers = 2;
+        let dims = BlockDims {
+            dim: 1024,
+            heads: 16,
+            mlp: 4096,
+            layers,
+        };
+        let mut pb = ParamBuilder::new(SplitMix64::new(1), &Device::Cpu).computing_in(DType::BF16);
+        let blocks = Block::stack(&mut pb, dims, false).unwrap();
+        let params = pb.finish();
+        let x = Tensor::zeros((1, 1297, 1024), DType::F32, &Device::Cpu).unwrap();
+        let x = Var::from_tensor(&x).unwrap();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let plain = tape_bytes(
+            &run_blocks(&blocks, x.as_tensor().clone()).unwrap(),
+            &params,
+        );
+        let kept = tape_bytes(
+            &run_blocks_recomputing(&blocks, x.as_tensor().clone(), None).unwrap(),
+            &params,
+        );
+        let per_block = plain / layers as u64;
+        println!(
+            "batch 1, per block: {:.3} GiB on the tape without recomputation, {:.4} GiB kept \
+             with it; at batch 16 over 24 blocks: {:.1} GiB against {:.2} GiB kept + {:.1} GiB \
+             for the block being recomputed",
+            gib(per_block),
+            gib(kept / layers as u64),
+            gib(per_block * 16 * 24),
+            gib(kept / layers as u64 * 16 * 24),
+            gib(per_block * 16)
+        );
+        assert!(kept * 20 < plain);
+    }
+}
