@@ -13,6 +13,7 @@
 
 mod clip;
 pub mod data;
+pub mod grad_op;
 pub mod model;
 pub mod nn;
 mod omni;

@@ -4,13 +4,16 @@
 //! kernels and the `LayerNorm`/`RmsNorm` layers have no backward pass and silently pass no
 //! gradient (candle issues #2168 and #3011; `docs/reference.md`, "Engine stack facts"). The
 //! layers here use only ops with a backward pass: matmul, broadcast arithmetic, reductions,
-//! `exp`, `log`, `sqrt`, `gelu`, `index_select`, and the generic `candle_nn::ops::softmax`
-//! (itself composed of `max`, `exp`, `sum` and a division). `tests/engine.rs` checks that every
-//! parameter of every module gets a non-zero gradient.
+//! `exp`, `log`, `sqrt`, `gelu`, `index_select`, and attention's [`softmax`]: candle's fused
+//! `softmax_last_dim` given a backward pass of ours ([`super::grad_op`]), in the dtype of the
+//! products (bf16 on a GPU, as a fused attention keeps its probabilities). `tests/engine.rs`
+//! checks that every parameter of every module gets a non-zero gradient.
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 
 use mosaic_kit::rng::SplitMix64;
+
+use super::grad_op::with_backward;
 
 /// A module's trainable parameters, in creation order (the order of checkpoints and of the
 /// optimizer state).
@@ -249,29 +252,51 @@ impl Attention {
             .forward(x)?
             .reshape((b, t, 3, self.heads, hd))?
             .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
-        let q = qkv.get(0)?.contiguous()?;
-        let k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
+                                        // Scores, probabilities and their product with the values stay in the products'
+                                        // dtype (bf16 on a GPU): the score matrices are the largest tensors of the step, and
+                                        // a bf16 product's f32 copy would carry no more precision. The scale goes on q.
         let dtype = self.qkv.compute;
-        let mut scores = (matmul_in(&q, &k.t()?, dtype)? * (hd as f64).powf(-0.5))?;
+        let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?.to_dtype(dtype)?;
+        let k = qkv.get(1)?.to_dtype(dtype)?.contiguous()?;
+        let v = qkv.get(2)?.to_dtype(dtype)?.contiguous()?;
+        let mut scores = q.contiguous()?.matmul(&k.t()?)?;
         if self.causal {
             let mask: Vec<f32> = (0..t)
                 .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
                 .collect();
-            let mask = Tensor::from_vec(mask, (t, t), x.device())?;
+            let mask = Tensor::from_vec(mask, (t, t), x.device())?.to_dtype(dtype)?;
             scores = scores.broadcast_add(&mask)?;
         }
         if let Some(mask) = mask {
-            scores = scores.broadcast_add(mask)?;
+            scores = scores.broadcast_add(&mask.to_dtype(dtype)?)?;
         }
-        // The generic softmax: composed ops, so it has a backward pass (softmax_last_dim has not).
         // It subtracts the row maximum, so masked scores underflow to weights of exactly 0.
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let y = matmul_in(&weights, &v, dtype)? // [b, heads, t, hd]
+        let weights = softmax(&scores)?;
+        let y = weights
+            .matmul(&v)? // [b, heads, t, hd]
+            .to_dtype(DType::F32)?
             .transpose(1, 2)?
             .reshape((b, t, dim))?;
         self.out.forward(&y)
     }
+}
+
+/// Softmax over the last dimension: candle's fused kernel (one pass; on a GPU it accumulates
+/// in f32 whatever the dtype), with the backward pass `∂x = y ⊙ (∂y − Σ ∂y ⊙ y)`, its row sums
+/// in f32. Only `x` and `y` stay on the tape, against five full-size intermediates of the
+/// composed `candle_nn::ops::softmax`.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let y = candle_nn::ops::softmax_last_dim(&x.detach())?;
+    let backward = |_x: &Tensor, y: &Tensor, g: &Tensor| {
+        let sums = g
+            .mul(y)?
+            .to_dtype(DType::F32)?
+            .sum_keepdim(D::Minus1)?
+            .to_dtype(y.dtype())?;
+        Ok(Some(y.mul(&g.broadcast_sub(&sums)?)?))
+    };
+    with_backward(&x, y, "softmax", Box::new(backward))
 }
 
 /// The additive attention mask's value where a query may not read a key: large and finite, so
@@ -394,6 +419,41 @@ pub fn to_f32s(t: &Tensor) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fused_softmax_has_the_composed_ones_values_and_gradients() {
+        let mut values = SplitMix64::new(8).normals(3 * 5 * 7, 2.0);
+        // A row masked everywhere, and a masked key beside unmasked ones.
+        values[..7].fill(MASKED);
+        values[7] = MASKED;
+        let x =
+            Var::from_tensor(&Tensor::from_vec(values, (3, 5, 7), &Device::Cpu).unwrap()).unwrap();
+        let w = Tensor::from_vec(
+            SplitMix64::new(9).normals(3 * 5 * 7, 1.0),
+            (3, 5, 7),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let run = |fused: bool| {
+            let y = if fused {
+                softmax(x.as_tensor()).unwrap()
+            } else {
+                candle_nn::ops::softmax(x.as_tensor(), D::Minus1).unwrap()
+            };
+            let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = grads.get(x.as_tensor()).unwrap();
+            (to_f32s(&y).unwrap(), to_f32s(g).unwrap())
+        };
+        let ((y, g), (y0, g0)) = (run(true), run(false));
+        for (a, b) in y.iter().zip(&y0).chain(g.iter().zip(&g0)) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        assert!(
+            y[..7].iter().all(|&p| (p - 1.0 / 7.0).abs() < 1e-6),
+            "uniform, not NaN"
+        );
+        assert_eq!(y[7], 0.0, "a masked key gets nothing");
+    }
 
     fn attention(causal: bool) -> Attention {
         let mut pb = ParamBuilder::new(SplitMix64::new(3), &Device::Cpu);

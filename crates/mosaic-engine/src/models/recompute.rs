@@ -7,20 +7,18 @@
 //! more forward pass per block. The zoo's device model assumes the same of a module whose
 //! activations do not fit (`mosaic_zoo::analytic`).
 //!
-//! Each block becomes a custom op of candle's autograd ([`CustomOp1`]) on its input: its
-//! forward returns the block's output, computed beforehand from the detached input (so no
-//! tape is kept), and its backward recomputes and back-propagates. candle's custom ops return
-//! only their input's gradient, so the parameters' gradients go to a per-thread stash, which
-//! [`Module::replica_backward`](super::model::Module) merges after `backward` (candle runs a
-//! backward pass on the calling thread).
+//! Each block becomes one node of candle's tape on its input ([`super::grad_op`]): its value is
+//! the block's output, computed beforehand from the detached input (so no tape is kept), and
+//! its backward pass recomputes the block with its tape and back-propagates through it.
+//! candle's custom ops return only their input's gradient, so the parameters' gradients go to a
+//! per-thread stash, which [`Module::replica_backward`](super::model::Module) merges after
+//! `backward` (candle runs a backward pass on the calling thread).
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
-use candle_core::{TensorId, Var};
+use candle_core::{Result, Tensor, TensorId, Var};
 
+use super::grad_op::with_backward;
 use super::nn::Block;
 
 thread_local! {
@@ -42,87 +40,36 @@ pub fn run_blocks_recomputing(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     for block in blocks {
-        let y = block.forward_masked(&x.detach(), mask)?.detach();
-        x = x.apply_op1(Recompute {
-            block: block.clone(),
-            mask: mask.cloned(),
-            output: Mutex::new(Some(y)),
-        })?;
+        let y = block.forward_masked(&x.detach(), mask)?;
+        let (block, mask) = (block.clone(), mask.cloned());
+        let backward =
+            move |x: &Tensor, _y: &Tensor, grad: &Tensor| recompute(&block, mask.as_ref(), x, grad);
+        x = with_backward(&x, y, "recomputed-block", Box::new(backward))?;
     }
     Ok(x)
 }
 
-/// One block as a custom op of its input: the output computed beforehand, handed over once.
-struct Recompute {
-    block: Block,
-    mask: Option<Tensor>,
-    output: Mutex<Option<Tensor>>,
-}
-
-impl Recompute {
-    /// The precomputed output's storage (taken: the op keeps no copy) and shape.
-    fn output(&self) -> Result<(Storage, Shape)> {
-        let y = self
-            .output
-            .lock()
-            .expect("output lock")
-            .take()
-            .ok_or_else(|| {
-                candle_core::Error::Msg("a recomputed block ran forward twice".into())
-            })?;
-        let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
-            y
-        } else {
-            y.copy()?
-        };
-        let (storage, layout) = y.storage_and_layout();
-        let storage = match &*storage {
-            Storage::Cpu(s) => Storage::Cpu(s.try_clone(layout)?),
-            Storage::Cuda(s) => Storage::Cuda(s.try_clone(layout)?),
-            Storage::Metal(_) => candle_core::bail!("recomputation runs on the CPU and CUDA"),
-        };
-        Ok((storage, y.shape().clone()))
-    }
-}
-
-impl CustomOp1 for Recompute {
-    fn name(&self) -> &'static str {
-        "recomputed-block"
-    }
-
-    fn cpu_fwd(&self, _x: &CpuStorage, _layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        match self.output()? {
-            (Storage::Cpu(s), shape) => Ok((s, shape)),
-            _ => candle_core::bail!("a recomputed block's output is not on the CPU"),
-        }
-    }
-
-    fn cuda_fwd(&self, _x: &CudaStorage, _layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        match self.output()? {
-            (Storage::Cuda(s), shape) => Ok((s, shape)),
-            _ => candle_core::bail!("a recomputed block's output is not on the GPU"),
-        }
-    }
-
-    /// Runs the block again from its input, with its tape, and back-propagates `grad` (the
-    /// gradient of its output) through it: the input's gradient is returned, the parameters'
-    /// are stashed.
-    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let input = Var::from_tensor(&x.detach())?;
-        let y = self
-            .block
-            .forward_masked(input.as_tensor(), self.mask.as_ref())?;
-        let grads = y.mul(&grad.detach())?.sum_all()?.backward()?;
-        STASH.with(|s| {
-            let mut s = s.borrow_mut();
-            for p in self.block.params() {
-                if let Some(g) = grads.get(p) {
-                    s.push((p.id(), g.clone()));
-                }
+/// Runs `block` again from its input `x`, with its tape, and back-propagates `grad` (the
+/// gradient of its output) through it: the input's gradient is returned, the parameters' are
+/// stashed.
+fn recompute(
+    block: &Block,
+    mask: Option<&Tensor>,
+    x: &Tensor,
+    grad: &Tensor,
+) -> Result<Option<Tensor>> {
+    let input = Var::from_tensor(&x.detach())?;
+    let y = block.forward_masked(input.as_tensor(), mask)?;
+    let grads = y.mul(&grad.detach())?.sum_all()?.backward()?;
+    STASH.with(|s| {
+        let mut s = s.borrow_mut();
+        for p in block.params() {
+            if let Some(g) = grads.get(p) {
+                s.push((p.id(), g.clone()));
             }
-        });
-        Ok(grads.get(input.as_tensor()).cloned())
-    }
+        }
+    });
+    Ok(grads.get(input.as_tensor()).cloned())
 }
 
 #[cfg(test)]
