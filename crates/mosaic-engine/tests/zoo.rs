@@ -3,9 +3,11 @@
 //! falls, a plan that co-locates the encoders gives the losses of one that does not, and so
 //! does recomputing the encoders' activations.
 
+use std::path::Path;
+
 use candle_core::Device;
 use mosaic_engine::models::{self, nn::to_f32s, Model, Recipe};
-use mosaic_engine::{Schedule, TrainConfig, Trainer};
+use mosaic_engine::{sequential_plan, Schedule, TrainConfig, Trainer};
 
 fn model(name: &str) -> Model {
     let recipe = Recipe {
@@ -88,6 +90,7 @@ fn co_locating_the_encoders_keeps_the_losses() {
 
 #[test]
 fn recomputing_activations_keeps_the_losses_and_gradients() {
+    // Replicas of one module back-propagate on parallel threads: dp 2 for the encoders.
     let run = |recompute: bool| {
         let m = model("clip");
         let recomputing: Vec<bool> = m
@@ -97,7 +100,13 @@ fn recomputing_activations_keeps_the_losses_and_gradients() {
             .collect();
         // The encoders can; the loss module has no blocks.
         assert_eq!(recomputing, [true, true, false]);
-        let schedule = Schedule::sequential(&m, 2);
+        let mut plan = sequential_plan(&m, 2);
+        for p in plan.stages.iter_mut().flat_map(|s| &mut s.modules) {
+            if p.name != "align" {
+                (p.dp, p.gpus) = (2, vec![0, 1]);
+            }
+        }
+        let schedule = Schedule::from_plan(&plan, Path::new("dp2.json"), &m, 16, 2).unwrap();
         let mut t = Trainer::new(m, schedule, TrainConfig::default()).unwrap();
         let (loss, grads) = t.gradients().unwrap();
         let grads: Vec<Vec<f32>> = grads.iter().map(|g| to_f32s(&g.grad).unwrap()).collect();

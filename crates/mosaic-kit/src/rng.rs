@@ -198,7 +198,11 @@ mod tests {
         for parts in [1, 2, 3, 8, 2000] {
             let mut r = SplitMix64::new(7);
             assert_eq!(r.normals_in(1001, 0.5, parts), sequential, "{parts} parts");
-            assert_eq!(r.next_u64(), one.clone().next_u64(), "the state moves on alike");
+            assert_eq!(
+                r.next_u64(),
+                one.clone().next_u64(),
+                "the state moves on alike"
+            );
         }
     }
 

@@ -155,19 +155,21 @@ impl Module {
         rows: &Range<usize>,
         inputs: &[Option<Var>],
     ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>)> {
-        // Left over from a backward pass that failed on this thread.
-        drop(super::recompute::take_stash());
-        let grads = match self.output {
-            Output::Loss => out.backward()?,
+        // Recomputed blocks hand their parameters' gradients over beside the tape: what this
+        // backward pass adds to this thread's stash, even if it fails (a replica whose
+        // backward pass a waiting thread runs meanwhile takes only its own, above its mark).
+        let mark = super::recompute::stash_mark();
+        let grads = (|| match self.output {
+            Output::Loss => out.backward(),
             Output::Activation => {
                 let g = out_grad
                     .expect("an activation module has a gradient for its output")
                     .narrow(0, rows.start, rows.len())?;
-                out.mul(&g)?.sum_all()?.backward()?
+                out.mul(&g)?.sum_all()?.backward()
             }
-        };
-        // Recomputed blocks hand their parameters' gradients over beside the tape.
-        let stash = super::recompute::take_stash();
+        })();
+        let stash = super::recompute::take_stash(mark);
+        let grads = grads?;
         let read = |v: &Var| {
             let mut g = grads.get(v.as_tensor()).cloned();
             for (_, s) in stash.iter().filter(|(id, _)| *id == v.id()) {

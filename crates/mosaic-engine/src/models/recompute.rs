@@ -26,9 +26,20 @@ thread_local! {
     static STASH: RefCell<Vec<(TensorId, Tensor)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Takes the parameter gradients stashed on this thread since the last call.
-pub(crate) fn take_stash() -> Vec<(TensorId, Tensor)> {
-    STASH.with(|s| std::mem::take(&mut *s.borrow_mut()))
+/// Where this thread's stash ends now: a backward pass takes what is added after it.
+pub(crate) fn stash_mark() -> usize {
+    STASH.with(|s| s.borrow().len())
+}
+
+/// Takes the parameter gradients stashed on this thread after `mark`. Backward passes nest on
+/// one thread (a thread waiting inside one runs another replica's to completion), so the
+/// stash is a stack and each pass takes its own top.
+pub(crate) fn take_stash(mark: usize) -> Vec<(TensorId, Tensor)> {
+    STASH.with(|s| {
+        let mut s = s.borrow_mut();
+        let mark = mark.min(s.len());
+        s.split_off(mark)
+    })
 }
 
 /// Runs `blocks` on `x` (each attention with the additive `mask`), keeping only each block's
@@ -121,8 +132,9 @@ mod tests {
         };
         let tape = tape_bytes(&y, &params) as usize;
         let loss = y.mul(&w).unwrap().sum_all().unwrap();
+        let mark = stash_mark();
         let store = loss.backward().unwrap();
-        let stash = take_stash();
+        let stash = take_stash(mark);
         let mut out = vec![store
             .get(x.as_tensor())
             .unwrap()
@@ -146,6 +158,30 @@ mod tests {
     }
 
     #[test]
+    fn nested_backward_passes_take_their_own_stash() {
+        let push = |v: f32| {
+            let t = Tensor::new(&[v], &Device::Cpu).unwrap();
+            STASH.with(|s| s.borrow_mut().push((t.id(), t)));
+        };
+        let values = |taken: Vec<(TensorId, Tensor)>| -> Vec<f32> {
+            taken
+                .iter()
+                .map(|(_, t)| t.to_vec1::<f32>().unwrap()[0])
+                .collect()
+        };
+        let outer = stash_mark();
+        push(1.0);
+        // A waiting thread runs another replica's backward pass to completion.
+        let inner = stash_mark();
+        push(2.0);
+        push(3.0);
+        assert_eq!(values(take_stash(inner)), [2.0, 3.0]);
+        push(4.0);
+        assert_eq!(values(take_stash(outer)), [1.0, 4.0]);
+        assert_eq!(stash_mark(), outer);
+    }
+
+    #[test]
     fn recomputation_gives_the_same_gradients_from_a_smaller_tape() {
         let (loss, plain, plain_tape) = grads(false);
         let (loss_r, recomputed, tape) = grads(true);
@@ -160,7 +196,7 @@ mod tests {
         // whole tape of three blocks.
         assert!(tape <= 4 * 2 * 7 * 16 * 4, "{tape} bytes");
         assert!(plain_tape > 5 * tape, "{plain_tape} vs {tape}");
-        assert!(take_stash().is_empty(), "the stash is taken");
+        assert_eq!(stash_mark(), 0, "the stash is taken");
     }
 }
 
