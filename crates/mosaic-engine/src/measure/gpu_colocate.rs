@@ -9,6 +9,8 @@
 //! - **The model** is built afresh for each colocation, the drawn modules on their slots'
 //!   devices and the others on one device over the whole GPU, which only makes the drawn
 //!   modules' inputs (same seed, same values).
+//! - **Memory**: a colocation that runs out of memory is measured again with its modules
+//!   recomputing their activations, as the trainer runs such a stage.
 //! - **Busy shares**: of each module's launching thread (its CPU time over the wall time); a
 //!   GPU is not shared with other processes on the machines this runs on, so each colocation
 //!   is measured once.
@@ -132,7 +134,16 @@ pub fn colocations_gpu(
             };
             let profiler = Profiler::on(model, config.clone(), host.clone(), &place)?;
             let sms: Vec<usize> = slots.iter().map(|s| s.sms() as usize).collect();
-            on_device::measure(&profiler, &picks, sms)?
+            match on_device::measure(&profiler, &picks, sms.clone()) {
+                // As the trainer runs a stage that does not fit: recomputing activations.
+                Err(e) if e.is_out_of_memory() => {
+                    for &(m, _, _) in &picks {
+                        profiler.model().modules[m].net.set_recompute(true);
+                    }
+                    on_device::measure(&profiler, &picks, sms)?
+                }
+                other => other?,
+            }
         };
         on_sample(s, &sample);
         out.push(sample);

@@ -163,8 +163,32 @@ mod on_device {
 
     /// Module `m` at data-parallel degree `dp` on the profiler's slot of `sms` SMs (`quota`
     /// of the device): warm-up, the timed iterations, more until NVML has sampled
-    /// [`BUSY_WINDOW`] of them.
+    /// [`BUSY_WINDOW`] of them. A point that runs out of memory is measured again with the
+    /// module recomputing its activations, as the trainer would run it
+    /// ([`crate::models::recompute`]).
     pub(super) fn point(
+        profiler: &Profiler,
+        m: usize,
+        dp: usize,
+        quota: f64,
+        sms: u32,
+        nvml: &Nvml,
+    ) -> Result<Point, EngineError> {
+        let net = &profiler.model().modules[m].net;
+        match measure(profiler, m, dp, quota, sms, nvml) {
+            Err(e) if e.is_out_of_memory() && net.set_recompute(true) => {
+                let point = measure(profiler, m, dp, quota, sms, nvml);
+                net.set_recompute(false);
+                Ok(Point {
+                    recomputed: true,
+                    ..point?
+                })
+            }
+            other => other,
+        }
+    }
+
+    fn measure(
         profiler: &Profiler,
         m: usize,
         dp: usize,

@@ -54,6 +54,9 @@ pub struct Point {
     /// The profile's `sm_util`, in [0, 1]: on the CPU the busy fraction of the slot's
     /// core-time; on a GPU NVML's kernel-busy fraction over the point's iterations.
     pub sm_util: f64,
+    /// Whether the module recomputed its activations because the point did not fit the GPU
+    /// otherwise ([`super::sweep_gpu`]).
+    pub recomputed: bool,
 }
 
 /// A module as the profile file lists it.
@@ -285,6 +288,7 @@ impl<'a> Run<'a> {
             achieved_gbps: bytes as f64 / (time_ms * 1e6),
             bw_util: 0.0,
             sm_util: 0.0,
+            recomputed: false,
         }
     }
 }

@@ -160,7 +160,7 @@ fn point_line(p: &Point, unit: &str) -> String {
     format!(
         "{} dp {} quota {:.2} ({} {unit}{}, {} sample{}): {:.3} ms (forward {:.3}, backward \
          {:.3}, all-reduce {:.3}, AdamW {:.3}), {:.3} MiB, ~{:.2} GB/s (bw_util {:.4}), \
-         sm_util {:.2}",
+         sm_util {:.2}{}",
         p.module,
         p.dp,
         p.sm,
@@ -176,6 +176,11 @@ fn point_line(p: &Point, unit: &str) -> String {
         p.memory.total() as f64 / (1u64 << 20) as f64,
         p.achieved_gbps,
         p.bw_util,
-        p.sm_util
+        p.sm_util,
+        if p.recomputed {
+            ", recomputing activations (it did not fit otherwise)"
+        } else {
+            ""
+        }
     )
 }
