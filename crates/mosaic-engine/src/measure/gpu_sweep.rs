@@ -174,10 +174,25 @@ mod on_device {
         sms: u32,
         nvml: &Nvml,
     ) -> Result<Point, EngineError> {
+        let measure = || -> Result<Point, EngineError> {
+            let run = Run::new(profiler, m, dp)?;
+            let memory = run.warm_up()?;
+            let since = now_us();
+            let start = Instant::now();
+            let runs = run.timed(profiler.config().reps)?;
+            while start.elapsed() < BUSY_WINDOW {
+                run.once()?;
+            }
+            let busy = nvml.busy_since(since)?;
+            let mut point = run.point(quota, sms as usize, memory, runs);
+            point.sm_util = busy.kernels;
+            point.bw_util = busy.memory;
+            Ok(point)
+        };
         let net = &profiler.model().modules[m].net;
-        match measure(profiler, m, dp, quota, sms, nvml) {
+        match measure() {
             Err(e) if e.is_out_of_memory() && net.set_recompute(true) => {
-                let point = measure(profiler, m, dp, quota, sms, nvml);
+                let point = measure();
                 net.set_recompute(false);
                 Ok(Point {
                     recomputed: true,
@@ -186,29 +201,6 @@ mod on_device {
             }
             other => other,
         }
-    }
-
-    fn measure(
-        profiler: &Profiler,
-        m: usize,
-        dp: usize,
-        quota: f64,
-        sms: u32,
-        nvml: &Nvml,
-    ) -> Result<Point, EngineError> {
-        let run = Run::new(profiler, m, dp)?;
-        let memory = run.warm_up()?;
-        let since = now_us();
-        let start = Instant::now();
-        let runs = run.timed(profiler.config().reps)?;
-        while start.elapsed() < BUSY_WINDOW {
-            run.once()?;
-        }
-        let busy = nvml.busy_since(since)?;
-        let mut point = run.point(quota, sms as usize, memory, runs);
-        point.sm_util = busy.kernels;
-        point.bw_util = busy.memory;
-        Ok(point)
     }
 }
 
