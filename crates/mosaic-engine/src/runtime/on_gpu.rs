@@ -209,3 +209,77 @@ pub(crate) fn probe_memory(
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    use candle_core::Tensor;
+
+    use super::*;
+    use crate::models::model::{Net, Shard};
+    use crate::runtime::trainer::{TrainConfig, Trainer};
+
+    /// A net that runs out of GPU memory (as candle reports it) unless it recomputes, or
+    /// always.
+    struct Tight {
+        inner: Box<dyn Net>,
+        recomputing: AtomicBool,
+        always: bool,
+    }
+
+    impl Net for Tight {
+        fn forward(&self, inputs: &[Tensor], shard: &Shard) -> candle_core::Result<Tensor> {
+            if self.always || !self.recomputing.load(Relaxed) {
+                return Err(candle_core::Error::Cuda(
+                    "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+                ));
+            }
+            self.inner.forward(inputs, shard)
+        }
+
+        fn set_recompute(&self, on: bool) -> bool {
+            self.recomputing.store(on, Relaxed);
+            true
+        }
+    }
+
+    /// A net that is never run: what stands in while the real one is wrapped.
+    struct Nothing;
+
+    impl Net for Nothing {
+        fn forward(&self, _: &[Tensor], _: &Shard) -> candle_core::Result<Tensor> {
+            unreachable!("a placeholder")
+        }
+    }
+
+    fn trainer(always: bool) -> Trainer {
+        let mut model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+        let vision = &mut model.modules[0];
+        let inner = std::mem::replace(&mut vision.net, Box::new(Nothing));
+        vision.net = Box::new(Tight {
+            inner,
+            recomputing: AtomicBool::new(false),
+            always,
+        });
+        let schedule = Schedule::sequential(&model, 1);
+        Trainer::new(model, schedule, TrainConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn a_step_that_runs_out_of_memory_recomputes_or_names_the_module() {
+        let fits = probe_memory(&trainer(false), 0).unwrap();
+        assert_eq!(fits, ["vision"], "the net that can recompute does");
+        let e = probe_memory(&trainer(true), 3).unwrap_err();
+        assert!(e.is_bad_input() && e.is_out_of_memory(), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("CUDA device 3: out of memory: module \"vision\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("even with vision recomputing") && text.contains("--batch"),
+            "{text}"
+        );
+    }
+}
