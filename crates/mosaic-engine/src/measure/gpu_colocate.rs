@@ -16,7 +16,7 @@
 //!   is measured once.
 
 use super::colocate::{ColocationConfig, MeasuredColocation};
-use super::gpu_sweep::GpuInfo;
+use super::gpu_info::GpuInfo;
 use super::machine::Machine;
 use super::profiler::ProfileConfig;
 use crate::error::EngineError;

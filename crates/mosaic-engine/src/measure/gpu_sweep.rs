@@ -3,7 +3,7 @@
 //! per-GPU batch, SM partition) on candle's CUDA backend, each partition a green-context slot,
 //! written as a `mosaic-profiles/1` file whose device is the GPU ([`super::profile_file`]).
 //!
-//! - **Grid**: [`gpu_sm_grid`] — the deciles of the device rounded to partitions the hardware
+//! - **Grid**: [`super::gpu_sm_grid`] — the deciles of the device rounded to partitions the hardware
 //!   grants, and the whole device — × the powers of two up to `max_dp`
 //!   ([`super::dp_grid`]).
 //! - **A point** is one replica's iteration ([`super::profiler`]) with every phase ended by a
@@ -15,50 +15,12 @@
 //!   (`super::nvml`).
 //! - **mem_gib**: counted from the replica's tensors, as on the CPU ([`super::Memory`]).
 
-use std::time::Duration;
-
-use mosaic_profile::{sms_for, SmGranularity};
-use serde::Serialize;
-
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+use super::gpu_info::{gpu_sm_grid, GpuInfo};
 use super::machine::Machine;
 use super::profiler::ProfileConfig;
 use super::sweep::{EngineProfile, Point};
 use crate::error::EngineError;
-
-/// How long a grid point's iterations run while NVML samples them: 0.5 s, above the longest
-/// sample period of the devices profiled (1/6 s on Hopper) and the 0.35 s of the team's H100
-/// profile (`measurements/h100/measure.py`).
-pub const BUSY_WINDOW: Duration = Duration::from_millis(500);
-
-/// The GPU a profile was measured on: the profile file's device.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuInfo {
-    /// Its CUDA ordinal.
-    pub ordinal: usize,
-    /// Its name (e.g. `NVIDIA H100 80GB HBM3`).
-    pub name: String,
-    /// Its SMs.
-    pub sms: u32,
-    /// The partitions a green context may hold (8/8 on Hopper).
-    pub partition: SmGranularity,
-    /// Its memory, in GiB (NVML).
-    pub memory_gib: f64,
-    /// Its peak memory bandwidth, in GB/s (NVML's memory clock × bus width).
-    pub peak_gbps: f64,
-}
-
-/// The SM counts profiled on a device of `sms` SMs whose partitions follow `g`: the deciles
-/// 0.1 … 0.9 of the device rounded to an allowed partition ([`sms_for`]), and the whole
-/// device. On an H100: 16, 24, 40, 56, 64, 80, 96, 104, 120 and 132 — the grid of the team's
-/// measured H100 profile. The planner reads the quotas between them off the profile's curve.
-pub fn gpu_sm_grid(sms: u32, g: SmGranularity) -> Vec<u32> {
-    let mut out: Vec<u32> = (1..=9)
-        .filter_map(|k| sms_for(k as f64 / 10.0, sms, g))
-        .collect();
-    out.push(sms);
-    out.dedup();
-    out
-}
 
 /// The error of a build without GPU compute.
 #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
@@ -155,10 +117,10 @@ pub(super) fn open(
 mod on_device {
     use std::time::Instant;
 
+    use super::super::gpu_info::BUSY_WINDOW;
     use super::super::nvml::{now_us, Nvml};
     use super::super::profiler::Profiler;
     use super::super::sweep::{Point, Run};
-    use super::BUSY_WINDOW;
     use crate::error::EngineError;
 
     /// Module `m` at data-parallel degree `dp` on the profiler's slot of `sms` SMs (`quota`
@@ -207,28 +169,6 @@ mod on_device {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_grid_is_what_the_hardware_grants() {
-        let hopper = SmGranularity::for_compute_capability(9);
-        assert_eq!(
-            gpu_sm_grid(132, hopper),
-            [16, 24, 40, 56, 64, 80, 96, 104, 120, 132]
-        );
-        let ampere = SmGranularity::for_compute_capability(8);
-        let a100 = gpu_sm_grid(108, ampere);
-        assert_eq!(a100.first(), Some(&10));
-        assert_eq!(a100.last(), Some(&108));
-        for g in [hopper, ampere] {
-            for sms in [8, 20, 66, 108, 132, 144] {
-                let grid = gpu_sm_grid(sms, g);
-                assert!(grid.windows(2).all(|w| w[0] < w[1]), "{grid:?}");
-                assert_eq!(grid.last(), Some(&sms));
-                let split = &grid[..grid.len() - 1];
-                assert!(split.iter().all(|&n| g.allows(n) && n < sms), "{grid:?}");
-            }
-        }
-    }
 
     #[test]
     fn the_cpu_build_says_how_to_get_a_gpu_one() {

@@ -14,7 +14,8 @@
 //! - `profiler`: a built-in model's modules ready to be measured one replica at a time
 //!   ([`Profiler`]) and the grid ([`quota_grid`], [`dp_grid`]).
 //! - `sweep`: every module at every grid point ([`Profiler::sweep`] → [`EngineProfile`]).
-//! - `gpu_sweep`: the same on a GPU, each SM partition a green-context slot ([`sweep_gpu`]),
+//! - `gpu_info`: the GPU a profile is measured on and its partition grid ([`GpuInfo`]);
+//!   `gpu_sweep`: the sweep on a GPU, each SM partition a green-context slot ([`sweep_gpu`]),
 //!   with NVML's busy fractions (`nvml`); `gpu_colocate`: colocations there, each module in
 //!   its stage's green context, driven from its own thread ([`colocations_gpu`]).
 //! - `colocate`: modules run side by side in their own slots ([`Profiler::colocations`]), the
@@ -33,6 +34,7 @@ mod colocate;
 mod files;
 mod gpu_check;
 mod gpu_colocate;
+mod gpu_info;
 #[cfg(feature = "cuda")]
 mod gpu_slots;
 mod gpu_sweep;
@@ -51,7 +53,8 @@ pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOC
 pub use files::{colocation_file, profile_file};
 pub use gpu_check::{check_gpu, GpuCheck, Outcome};
 pub use gpu_colocate::{colocations_gpu, gpu_colocation_source};
-pub use gpu_sweep::{gpu_sm_grid, sweep_gpu, GpuInfo, BUSY_WINDOW};
+pub use gpu_info::{gpu_sm_grid, GpuInfo, BUSY_WINDOW};
+pub use gpu_sweep::sweep_gpu;
 pub use machine::{
     available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
     MAX_QUOTA_STEPS, UNDISTURBED,

@@ -14,7 +14,7 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use super::bytes::{bytes_moved, Memory};
-use super::gpu_sweep::GpuInfo;
+use super::gpu_info::GpuInfo;
 use super::machine::{busy_share, Machine};
 use super::profiler::{stand_in_grads, ProfileConfig, Profiler, Timing};
 use crate::error::EngineError;
@@ -96,7 +96,7 @@ impl EngineProfile {
     /// One paragraph on what the numbers are, for the profile file's `source` field.
     pub fn source(&self) -> String {
         if let Some(gpu) = &self.gpu {
-            return self.gpu_source(gpu);
+            return gpu.sweep_source(&self.model, &self.config);
         }
         let m = &self.machine;
         let c = &self.config;
@@ -118,26 +118,6 @@ impl EngineProfile {
             m.stream_array_mib,
             c.reps,
             c.warmup.max(1)
-        )
-    }
-
-    fn gpu_source(&self, gpu: &GpuInfo) -> String {
-        let c = &self.config;
-        format!(
-            "mosaic-engine: {} (size {}, seed {}, batch {}) measured on CUDA device {}, {}              ({} SMs, {:.1} GiB, peak {:.0} GB/s from NVML's memory clock and bus width),              candle's CUDA backend (bf16 matrix products, fp32 master weights and AdamW). A              sample is one data-parallel replica's iteration on batch/dp samples in a green              context of round(sm x {}) SMs, launched from one host thread: forward, backward,              in-process gradient all-reduce of dp replicas, AdamW step, each phase ended by a              stream synchronisation; median of {} after {} warm-up. mem_gib: parameters,              gradients, AdamW moments and the activations on the autograd tape, counted from              the tensors. sm_util and bw_util: NVML's kernel-busy and memory-controller busy              fractions over at least {} ms of the point's iterations. Interference not fitted              (mosaic fit --out).",
-            self.model,
-            c.size,
-            c.seed,
-            c.batch,
-            gpu.ordinal,
-            gpu.name,
-            gpu.sms,
-            gpu.memory_gib,
-            gpu.peak_gbps,
-            gpu.sms,
-            c.reps,
-            c.warmup.max(1),
-            super::gpu_sweep::BUSY_WINDOW.as_millis(),
         )
     }
 }

@@ -18,9 +18,9 @@ use candle_core::{Device, Result, Tensor};
 use mosaic_kit::rng::SplitMix64;
 
 use super::data::{Batch, DataSource, Field, Kind};
-use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
+use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{l2_normalise, log_softmax, one_hot, BlockDims, ParamBuilder};
-use super::towers::{Pool, TextLayout, TextTower, Vit};
+use super::towers::{Pool, TextTower, Vit};
 
 const DIMS: BlockDims = BlockDims {
     dim: 32,

@@ -25,8 +25,8 @@ pub mod zoo;
 use candle_core::Device;
 
 pub use self::data::{Batch, DataSource, Field, Kind, TensorFile};
+pub use self::model::TextLayout;
 pub use self::model::{Model, Module, Net};
-pub use self::towers::TextLayout;
 use crate::error::EngineError;
 
 /// `(name, description)` of every built-in engine model.

@@ -12,7 +12,16 @@ use candle_core::{Result, Tensor, Var};
 
 use super::data::DataSource;
 use super::nn::Params;
-use super::towers::TextLayout;
+
+/// How a text tower ([`super::towers::TextTower`]) runs a batch whose samples have lengths (see [`super::packed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextLayout {
+    /// FlowTrain-style: samples packed into rows of the tower's length, a block-diagonal mask,
+    /// positions restarting at each sample; fewer rows, so less compute (the engine's way).
+    Packed,
+    /// One sample per row, keys past its length masked: the reference.
+    Padded,
+}
 
 /// Where a module input comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,12 +17,12 @@ use candle_core::{Device, Result, Tensor};
 use mosaic_kit::rng::SplitMix64;
 
 use super::data::{Batch, DataSource, Field, Kind};
-use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
+use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{
     log_softmax, one_hot, run_blocks_masked, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
 };
 use super::packed::{check_lengths, key_mask};
-use super::towers::{AudioTower, Pool, TextLayout, TextTower, Vit};
+use super::towers::{AudioTower, Pool, TextTower, Vit};
 
 const ENCODER: BlockDims = BlockDims {
     dim: 32,

@@ -3,7 +3,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::model::{Net, Shard};
+use super::model::{Net, Shard, TextLayout};
 use super::nn::{run_blocks, run_blocks_masked, Block, BlockDims, LayerNorm, Linear, ParamBuilder};
 use super::packed::{check_lengths, key_mask, Packing};
 
@@ -87,16 +87,6 @@ impl Net for Vit {
         let x = run_blocks(&self.blocks, x.broadcast_add(&self.pos)?)?;
         pool(self.ln.forward(&x)?, self.pool)
     }
-}
-
-/// How a [`TextTower`] runs a batch whose samples have lengths (see [`super::packed`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextLayout {
-    /// FlowTrain-style: samples packed into rows of the tower's length, a block-diagonal mask,
-    /// positions restarting at each sample; fewer rows, so less compute (the engine's way).
-    Packed,
-    /// One sample per row, keys past its length masked: the reference.
-    Padded,
 }
 
 /// A transformer over token ids `[batch, tokens]` (u32): token and position embeddings,

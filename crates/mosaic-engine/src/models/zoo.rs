@@ -37,13 +37,12 @@ use mosaic_kit::rng::SplitMix64;
 use mosaic_zoo::{ModuleSpec, Role};
 
 use super::data::{Batch, DataSource, Field, Kind};
-use super::model::{Coupling, Input, Model, Module, Net, Output, Shard};
+use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{
     l2_normalise, log_softmax, matmul_in, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear,
     ParamBuilder,
 };
 use super::recompute::run_blocks_recomputing;
-use super::towers::TextLayout;
 
 const ATTRS: usize = 3;
 const VALUES: usize = 8;

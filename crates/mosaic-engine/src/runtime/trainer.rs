@@ -282,7 +282,11 @@ impl Trainer {
             recomputing: Vec::new(),
         };
         if let Compute::Cuda(ordinal) = trainer.config.compute {
-            trainer.recomputing = super::on_gpu::probe_memory(&trainer, ordinal)?;
+            let (ranks, batch) = (trainer.collective.world(), trainer.config.batch);
+            trainer.recomputing =
+                super::memory::fit_or_recompute(&trainer.model, ranks, batch, ordinal, || {
+                    trainer.trial_step()
+                })?;
         }
         Ok(trainer)
     }
