@@ -29,6 +29,14 @@ pub fn pin_candle_threads() {
     }
 }
 
+/// A model's size factor in (0, 1] (`--size` of `train`, `measure` and `bench engine`).
+pub fn size_factor(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!("expected a factor in (0, 1], got {s:?}")),
+    }
+}
+
 /// Refuses to run `what` as one of several ranks of an MPI launcher: it is one process's job
 /// (a measurement, or a file every rank would write at once).
 pub fn one_process(what: &str) -> Result<()> {

@@ -19,7 +19,7 @@ use mosaic_engine::{
 };
 use serde_json::json;
 
-use super::engine::{engine, one_process, pin_candle_threads, schedule};
+use super::engine::{engine, one_process, pin_candle_threads, schedule, size_factor};
 use crate::input::{check_output, create_output_dir, BadInput};
 
 /// Arguments of `mosaic train`: a training run, or a verb.
@@ -129,14 +129,6 @@ struct RunArgs {
     #[arg(long, value_name = "K", conflicts_with = "data",
           value_parser = clap::value_parser!(u64).range(0..=feed::MAX_PRODUCERS as u64))]
     producers: Option<u64>,
-}
-
-/// A size factor in (0, 1] (`--size`).
-fn size_factor(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
-        _ => Err(format!("expected a factor in (0, 1], got {s:?}")),
-    }
 }
 
 /// Default `--image-resolution`.

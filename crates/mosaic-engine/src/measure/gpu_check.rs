@@ -253,8 +253,7 @@ mod compute {
             max_dp: 2,
             warmup: 1,
             reps: 3,
-            seed: 0,
-            size: 1.0,
+            ..ProfileConfig::default()
         };
         let draws = ColocationConfig {
             samples: 2,
@@ -307,8 +306,7 @@ mod compute {
             max_dp: 1,
             warmup: 1,
             reps: 3,
-            seed: 0,
-            size: 1.0,
+            ..ProfileConfig::default()
         };
         let host = crate::measure::measure_machine(1, 1)?;
         let profile = sweep_gpu("clip-tiny", config, host, device.ordinal(), |_| {})?;

@@ -84,18 +84,11 @@ pub fn colocations_gpu(
 
     let (gpu, _nvml, info) = super::gpu_sweep::open(ordinal)?;
     // The module names, from the cheapest build of the model.
-    let smallest = Recipe::smallest(model);
-    let names: Vec<String> = models::build_placed(
-        &Recipe {
-            size: config.size.min(smallest.size),
-            ..smallest
-        },
-        &|_| Device::Cpu,
-    )?
-    .modules
-    .iter()
-    .map(|m| m.name.to_string())
-    .collect();
+    let names: Vec<&str> = models::build_placed(&Recipe::smallest(model), &|_| Device::Cpu)?
+        .modules
+        .iter()
+        .map(|m| m.name)
+        .collect();
     let step = info.partition.step_sms.max(1);
     let capacity = info.partition.largest_within(info.sms).unwrap_or(0);
     let quotas: Vec<f64> = (1..=capacity / step)
@@ -119,7 +112,7 @@ pub fn colocations_gpu(
     for s in 0..colocations.samples {
         let mut rng = SplitMix64::stream(colocations.seed, "profile/colocations", s as u64);
         let picks = draw(&mut rng, names.len(), &dps, k_max, &quotas);
-        let stage: Vec<(&str, f64)> = picks.iter().map(|&(m, _, q)| (&*names[m], q)).collect();
+        let stage: Vec<(&str, f64)> = picks.iter().map(|&(m, _, q)| (names[m], q)).collect();
         let slots = gpu.create_stage(&stage)?;
         let sample = {
             let devices = slots

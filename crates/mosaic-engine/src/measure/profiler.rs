@@ -160,12 +160,6 @@ impl Profiler {
                 });
             }
         }
-        if !(config.size > 0.0 && config.size <= 1.0) {
-            return Err(EngineError::BadSetting {
-                setting: "--size".into(),
-                message: format!("expected a factor in (0, 1], got {}", config.size),
-            });
-        }
         let recipe = Recipe {
             size: config.size,
             ..Recipe::new(model, config.seed)

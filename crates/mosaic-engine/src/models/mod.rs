@@ -25,8 +25,7 @@ pub mod zoo;
 use candle_core::Device;
 
 pub use self::data::{Batch, DataSource, Field, Kind, TensorFile};
-pub use self::model::TextLayout;
-pub use self::model::{Model, Module, Net};
+pub use self::model::{Model, Module, Net, TextLayout};
 use crate::error::EngineError;
 
 /// `(name, description)` of every built-in engine model.
@@ -116,6 +115,12 @@ pub fn build_with(
 /// name (its GPU slot's, when training on a GPU).
 pub fn build_placed(recipe: &Recipe, place: &dyn Fn(&str) -> Device) -> Result<Model, EngineError> {
     let name = recipe.name.to_ascii_lowercase();
+    if !(recipe.size > 0.0 && recipe.size <= 1.0) {
+        return Err(EngineError::BadSetting {
+            setting: "--size".into(),
+            message: format!("expected a factor in (0, 1], got {}", recipe.size),
+        });
+    }
     if is_tiny(&name) && recipe.size != 1.0 {
         return Err(EngineError::BadSetting {
             setting: "--size".into(),

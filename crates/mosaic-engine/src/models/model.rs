@@ -13,7 +13,8 @@ use candle_core::{Result, Tensor, Var};
 use super::data::DataSource;
 use super::nn::Params;
 
-/// How a text tower ([`super::towers::TextTower`]) runs a batch whose samples have lengths (see [`super::packed`]).
+/// How a text tower ([`super::towers::TextTower`]) runs a batch whose samples have lengths
+/// (see [`super::packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TextLayout {
     /// FlowTrain-style: samples packed into rows of the tower's length, a block-diagonal mask,
@@ -120,6 +121,12 @@ pub struct Module {
 }
 
 impl Module {
+    /// Whether its replicas back-propagate: to train it, or (frozen) for the gradients of the
+    /// other modules' outputs it reads. A frozen module that reads only data never does.
+    pub(crate) fn back_propagates(&self) -> bool {
+        self.trainable || self.inputs.iter().any(|i| matches!(i, Input::Module(_)))
+    }
+
     /// A replica's inputs cut from the whole batch's `wholes` (in [`Module::inputs`] order):
     /// its shard's rows for a sharded module, everything for a gathered one. Inputs from other
     /// modules become fresh leaf variables (returned beside, `None` for data inputs), so that

@@ -252,9 +252,10 @@ impl Attention {
             .forward(x)?
             .reshape((b, t, 3, self.heads, hd))?
             .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
-                                        // Scores, probabilities and their product with the values stay in the products'
-                                        // dtype (bf16 on a GPU): the score matrices are the largest tensors of the step, and
-                                        // a bf16 product's f32 copy would carry no more precision. The scale goes on q.
+
+        // Scores, probabilities and their product with the values stay in the products'
+        // dtype (bf16 on a GPU): the score matrices are the largest tensors of the step, and
+        // a bf16 product's f32 copy would carry no more precision. The scale goes on q.
         let dtype = self.qkv.compute;
         let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?.to_dtype(dtype)?;
         let k = qkv.get(1)?.to_dtype(dtype)?.contiguous()?;

@@ -588,9 +588,8 @@ impl Trainer {
             })
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
-        // A frozen module that reads data only never back-propagates: its tape goes at once.
-        let keeps_tape =
-            module.trainable || module.inputs.iter().any(|i| matches!(i, Input::Module(_)));
+        // A module that never back-propagates lets its tape go at once.
+        let keeps_tape = module.back_propagates();
         let replica = |shard: Shard| -> candle_core::Result<ReplicaTape> {
             let (xs, vars) = module.replica_inputs(wholes.iter().cloned(), &shard)?;
             let out = module.net.forward(&xs, &shard)?;
@@ -641,10 +640,7 @@ impl Trainer {
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
         let out_grad = sum_all(here).map_err(err())?;
-        // A frozen module back-propagates only for the gradients of its inputs, so one that
-        // reads data only does not at all.
-        let reads_modules = module.inputs.iter().any(|i| matches!(i, Input::Module(_)));
-        let per_replica = if module.trainable || reads_modules {
+        let per_replica = if module.back_propagates() {
             each_replica(device, &tape.replicas, |r| {
                 module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs)
             })

@@ -20,7 +20,7 @@ use mosaic_plan::{solve, Plan, SolveOptions};
 use mosaic_profile::PerfModel;
 use serde_json::json;
 
-use crate::commands::engine::{engine, one_process, pin_candle_threads};
+use crate::commands::engine::{engine, one_process, pin_candle_threads, size_factor};
 use crate::input::BadInput;
 
 /// Arguments of `mosaic bench engine`.
@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     device: String,
     /// Scale the models down by this factor in (0, 1] (1: real size).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = size_factor)]
     size: f64,
     /// The built-in cluster whose device the plan's profile describes (one GPU of it is used).
     #[arg(long, default_value = "h100x1")]
@@ -64,13 +64,6 @@ struct Row {
 /// Runs `mosaic bench engine`.
 pub fn run(args: &Args) -> Result<()> {
     one_process("mosaic bench engine")?;
-    if !(args.size > 0.0 && args.size <= 1.0) {
-        return Err(BadInput(format!(
-            "--size: expected a factor in (0, 1], got {}",
-            args.size
-        ))
-        .into());
-    }
     pin_candle_threads();
     let cluster =
         mosaic_zoo::cluster(&args.cluster).map_err(|e| BadInput(format!("--cluster: {e}")))?;

@@ -13,8 +13,7 @@ use mosaic_engine::measure::{Machine, ProfileConfig, Profiler};
 use mosaic_engine::models::Recipe;
 use mosaic_engine::{models, Device};
 
-use super::engine::{engine, one_process, pin_candle_threads};
-use crate::input::BadInput;
+use super::engine::{engine, one_process, pin_candle_threads, size_factor};
 
 /// Untimed iterations before the timed ones of every measurement.
 const WARMUP: usize = 2;
@@ -44,7 +43,7 @@ struct Sweep {
     #[arg(long)]
     model: String,
     /// Scale a zoo-built model (clip, imagebind) down by this factor in (0, 1] (1: real size).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = size_factor)]
     size: f64,
     /// The global batch; a replica at data-parallel degree dp runs batch/dp samples.
     #[arg(long, default_value_t = 16, value_parser = at_least_one())]
@@ -92,13 +91,6 @@ impl Sweep {
     /// measured.
     fn check(&self) -> Result<()> {
         models::data::check_batch(self.batch).map_err(engine)?;
-        if !(self.size > 0.0 && self.size <= 1.0) {
-            return Err(BadInput(format!(
-                "--size: expected a factor in (0, 1], got {}",
-                self.size
-            ))
-            .into());
-        }
         // The model's name and size, checked on its cheapest build of that size or less.
         let smallest = Recipe::smallest(&self.model);
         let recipe = Recipe {
