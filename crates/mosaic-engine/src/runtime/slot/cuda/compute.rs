@@ -81,6 +81,14 @@ impl GpuSlot {
         let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
         let device =
             CudaDevice::from_context_and_stream(ctx, stream).map_err(|e| at(e.to_string()))?;
+        // cudarc gives every allocation two events, which order its uses across the streams of
+        // a context in multi-stream mode. This context never is: it only wraps the slot's
+        // stream (streams it creates itself would count), so the events were never recorded
+        // or waited on, and not making them saves four driver calls per tensor (two creations
+        // and, when it is freed, two destructions). The engine orders work across slots
+        // itself, by synchronising each module's stream at the stage barrier.
+        // SAFETY: called before any tensor exists on this device; see above.
+        unsafe { device.disable_event_tracking() };
         Ok(Device::Cuda(device))
     }
 }
