@@ -3,7 +3,8 @@
 //! candle-nn's `AdamW` keeps its moments private, so a checkpoint could not hold them and a
 //! resumed run would not continue as if never stopped. This is the same update as candle-nn's
 //! (decoupled weight decay `θ ← θ(1 − lr·λ)`, bias-corrected moments), with the moments and the
-//! step count exposed.
+//! step count exposed. On a GPU the update is one fused kernel per parameter tensor
+//! ([`fused`], the GPU build only); elsewhere it is composed of candle ops.
 
 use std::sync::Mutex;
 
@@ -13,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::EngineError;
 use crate::models::nn::Params;
 use crate::models::Model;
+
+#[cfg(mosaic_gpu)]
+mod fused;
 
 /// AdamW hyperparameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -73,12 +77,32 @@ impl AdamW {
         })
     }
 
-    /// One update of `params` with `grads` (in [`Params`] order).
+    /// One update of `params` with `grads` (in [`Params`] order): fused on a GPU, composed
+    /// elsewhere.
     pub fn step(&mut self, params: &Params, grads: &[Tensor]) -> Result<()> {
-        let c = self.config;
+        #[cfg(mosaic_gpu)]
+        if params.iter().all(|(_, v)| v.device().is_cuda()) {
+            return self.step_fused(params, grads);
+        }
+        self.step_composed(params, grads)
+    }
+
+    /// The bias corrections `1 − β₁ᵗ` and `1 − β₂ᵗ` of the step about to be taken (advances
+    /// the step count).
+    fn next_step(&mut self) -> (f64, f64) {
         self.t += 1;
-        let bias1 = 1.0 - c.beta1.powi(self.t as i32);
-        let bias2 = 1.0 - c.beta2.powi(self.t as i32);
+        let c = self.config;
+        (
+            1.0 - c.beta1.powi(self.t as i32),
+            1.0 - c.beta2.powi(self.t as i32),
+        )
+    }
+
+    /// The update composed of candle ops (16 per tensor): the CPU's, and the reference the
+    /// fused kernel is checked against.
+    pub(crate) fn step_composed(&mut self, params: &Params, grads: &[Tensor]) -> Result<()> {
+        let c = self.config;
+        let (bias1, bias2) = self.next_step();
         for (i, ((_, var), g)) in params.iter().zip(grads).enumerate() {
             let m = ((&self.m[i] * c.beta1)? + (g * (1.0 - c.beta1))?)?;
             let v = ((&self.v[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
@@ -90,6 +114,26 @@ impl AdamW {
             var.set(&(decayed - (update * c.lr)?)?)?;
             self.m[i] = m;
             self.v[i] = v;
+        }
+        Ok(())
+    }
+
+    /// The update as one kernel per tensor, in place ([`fused`]).
+    #[cfg(mosaic_gpu)]
+    pub(crate) fn step_fused(&mut self, params: &Params, grads: &[Tensor]) -> Result<()> {
+        let c = self.config;
+        let (bias1, bias2) = self.next_step();
+        let scalars = fused::Scalars {
+            lr: c.lr as f32,
+            beta1: c.beta1 as f32,
+            beta2: c.beta2 as f32,
+            eps: c.eps as f32,
+            decay: (1.0 - c.lr * c.weight_decay) as f32,
+            bias1: bias1 as f32,
+            bias2: bias2 as f32,
+        };
+        for (i, ((_, var), g)) in params.iter().zip(grads).enumerate() {
+            fused::step(var.as_tensor(), &self.m[i], &self.v[i], g, scalars)?;
         }
         Ok(())
     }

@@ -1,0 +1,39 @@
+//! Compiles the engine's own CUDA kernels (`kernels/*.cu`) to PTX for the GPU build, which
+//! `scripts/cuda-cargo` makes: it sets `--cfg mosaic_gpu`, puts CUDA 13.0's nvcc on PATH and
+//! names the compute capability in CUDA_COMPUTE_CAP. Every other build compiles nothing.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The kernels, each compiled to `$OUT_DIR/<name>.ptx`.
+const KERNELS: &[&str] = &["adamw"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    if env::var_os("CARGO_CFG_MOSAIC_GPU").is_none() {
+        return;
+    }
+    let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let nvcc = env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for name in KERNELS {
+        let source = format!("kernels/{name}.cu");
+        let ptx = out.join(format!("{name}.ptx"));
+        let status = Command::new(&nvcc)
+            .args(["--ptx", "-O3", &format!("-arch=compute_{cap}"), "-o"])
+            .arg(&ptx)
+            .arg(&source)
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("{nvcc} could not compile {source} to PTX ({s})"),
+            Err(e) => panic!(
+                "could not run {nvcc} to compile {source} (the GPU build runs through \
+                 scripts/cuda-cargo, which puts nvcc on PATH): {e}"
+            ),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! AdamW on a GPU as one kernel per parameter tensor (`kernels/adamw.cu`, compiled to PTX by the
+//! build script): one launch and one pass over memory where the composed update
+//! ([`super::AdamW::step`] on the CPU) takes 16 of each. The parameter and both moments are
+//! updated in place, on the stream of the parameter's device (its slot's), after the work that
+//! made the gradient.
+
+use candle_core::{bail, DType, Device, Result, Storage, Tensor};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+
+/// The kernel's PTX.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
+/// Threads per block.
+const THREADS: u32 = 256;
+/// At most this many blocks (a grid-stride loop covers the rest).
+const MAX_BLOCKS: u32 = 1 << 16;
+
+/// One step's scalars, as the kernel takes them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scalars {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// `1 − lr·λ`.
+    pub decay: f32,
+    /// `1 − β₁ᵗ`.
+    pub bias1: f32,
+    /// `1 − β₂ᵗ`.
+    pub bias2: f32,
+}
+
+/// Updates `theta`, `m` and `v` (f32, contiguous, one shape, on one CUDA device) in place from
+/// the gradient `g`.
+pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalars) -> Result<()> {
+    let Device::Cuda(dev) = theta.device() else {
+        bail!("the fused AdamW runs on CUDA devices only")
+    };
+    let g = g.to_dtype(DType::F32)?.contiguous()?;
+    for (what, t) in [("moment m", m), ("moment v", v), ("gradient", &g)] {
+        if t.shape() != theta.shape() {
+            bail!(
+                "AdamW: the {what} has shape {:?}, the parameter {:?}",
+                t.shape(),
+                theta.shape()
+            )
+        }
+        if !t.device().same_device(theta.device()) {
+            bail!("AdamW: the {what} is not on the parameter's device")
+        }
+    }
+    for (what, t) in [("parameter", theta), ("moment m", m), ("moment v", v)] {
+        if t.dtype() != DType::F32 || !t.is_contiguous() {
+            bail!("AdamW: the {what} must be a contiguous f32 tensor")
+        }
+    }
+    let n = theta.elem_count();
+    if n == 0 {
+        return Ok(());
+    }
+    let func = dev.get_or_load_custom_func("mosaic_adamw_f32", "mosaic_adamw", PTX)?;
+    let stream = dev.cuda_stream();
+    // Device addresses of the four tensors' first elements. The kernel writes through the
+    // first three: the optimizer owns the moments, and a parameter is written in place just as
+    // `Var::set` does. Every tensor outlives this call and is freed in stream order, after
+    // the kernel.
+    let address = |t: &Tensor| -> Result<u64> {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cuda(storage) = &*storage else {
+            bail!("AdamW: a tensor is not on the GPU")
+        };
+        let (base, _recorded) = storage.as_cuda_slice::<f32>()?.device_ptr(&stream);
+        Ok(base + (layout.start_offset() * std::mem::size_of::<f32>()) as u64)
+    };
+    let (theta_at, m_at, v_at, g_at) = (address(theta)?, address(m)?, address(v)?, address(&g)?);
+    let blocks = n.div_ceil(THREADS as usize).min(MAX_BLOCKS as usize) as u32;
+    let config = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let n = n as u64;
+    let mut launch = func.builder();
+    launch
+        .arg(&theta_at)
+        .arg(&m_at)
+        .arg(&v_at)
+        .arg(&g_at)
+        .arg(&n)
+        .arg(&s.lr)
+        .arg(&s.beta1)
+        .arg(&s.beta2)
+        .arg(&s.eps)
+        .arg(&s.decay)
+        .arg(&s.bias1)
+        .arg(&s.bias2);
+    // SAFETY: the arguments match the kernel's parameters in number, order and size (four
+    // device addresses, an unsigned 64-bit count, seven f32 scalars); each address points at
+    // `n` f32s of a live allocation of this device.
+    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    Ok(())
+}
