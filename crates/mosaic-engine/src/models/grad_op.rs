@@ -1,21 +1,30 @@
 //! A value computed off candle's autograd tape, given a backward pass of our own: the pattern
-//! behind the fused softmax ([`super::nn::softmax`]) and block recomputation
+//! behind the fused softmax and LayerNorm ([`super::nn`]) and block recomputation
 //! ([`super::recompute`]). candle's fast kernels that have no backward pass
-//! (`softmax_last_dim`) and computations whose tape must not be kept become one node of the
-//! tape with a gradient we write.
+//! (`softmax_last_dim`, `layer_norm`) and computations whose tape must not be kept become one
+//! node of the tape with a gradient we write.
 //!
 //! [`with_backward`] takes `x`, the value `y` computed from it without a tape, and the
 //! backward pass; the result has `y`'s values and, as a custom op of `x` ([`CustomOp1`]), calls
-//! the backward pass with `x`, itself and its gradient. The op hands `y`'s storage over once
-//! (a copy: candle's custom ops return new storage), so it keeps no second copy of `y`.
+//! the backward pass with `x`, itself and its gradient. [`with_backward3`] does the same for a
+//! value of three tensors ([`CustomOp3`]). The op hands `y`'s storage over once (a copy:
+//! candle's custom ops return new storage), so it keeps no second copy of `y`.
 
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Storage, Tensor,
+};
 
 /// A backward pass: `(x, y, ∂loss/∂y) ↦ ∂loss/∂x`.
 pub type Backward = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Option<Tensor>> + Send + Sync>;
+
+/// The gradients of a value of three tensors, in their order.
+pub type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+/// A backward pass of three inputs: `([a, b, c], y, ∂loss/∂y) ↦ (∂loss/∂a, ∂loss/∂b, ∂loss/∂c)`.
+pub type Backward3 = Box<dyn Fn([&Tensor; 3], &Tensor, &Tensor) -> Result<Grads3> + Send + Sync>;
 
 /// `y` (computed from `x` off the tape) as a node of `x`'s tape whose gradient is `backward`'s.
 pub fn with_backward(
@@ -25,23 +34,48 @@ pub fn with_backward(
     backward: Backward,
 ) -> Result<Tensor> {
     x.apply_op1(GradOp {
-        name,
-        output: Mutex::new(Some(y.detach())),
+        output: Output::new(name, y),
         backward,
     })
 }
 
-struct GradOp {
+/// `y` (computed from `a`, `b` and `c` off the tape) as a node of their tapes whose gradients
+/// are `backward`'s.
+pub fn with_backward3(
+    [a, b, c]: [&Tensor; 3],
+    y: Tensor,
     name: &'static str,
-    output: Mutex<Option<Tensor>>,
-    backward: Backward,
+    backward: Backward3,
+) -> Result<Tensor> {
+    a.apply_op3(
+        b,
+        c,
+        GradOp3 {
+            output: Output::new(name, y),
+            backward,
+        },
+    )
 }
 
-impl GradOp {
-    /// The precomputed output's storage (taken: the op keeps no copy) and shape.
-    fn output(&self) -> Result<(Storage, Shape)> {
-        let y = (self.output.lock().expect("output lock").take())
-            .ok_or_else(|| candle_core::Error::Msg(format!("{} ran forward twice", self.name)))?;
+/// An op's name and its precomputed output, handed over once: the op keeps no copy.
+struct Output {
+    name: &'static str,
+    y: Mutex<Option<Tensor>>,
+}
+
+impl Output {
+    fn new(name: &'static str, y: Tensor) -> Output {
+        Output {
+            name,
+            y: Mutex::new(Some(y.detach())),
+        }
+    }
+
+    /// The output's storage (taken out) and shape.
+    fn take(&self) -> Result<(Storage, Shape)> {
+        let name = self.name;
+        let y = (self.y.lock().expect("output lock").take())
+            .ok_or_else(|| candle_core::Error::Msg(format!("{name} ran forward twice")))?;
         let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
             y
         } else {
@@ -51,33 +85,85 @@ impl GradOp {
         let storage = match &*storage {
             Storage::Cpu(s) => Storage::Cpu(s.try_clone(layout)?),
             Storage::Cuda(s) => Storage::Cuda(s.try_clone(layout)?),
-            Storage::Metal(_) => candle_core::bail!("{} runs on the CPU and CUDA", self.name),
+            Storage::Metal(_) => candle_core::bail!("{name} runs on the CPU and CUDA"),
         };
         Ok((storage, y.shape().clone()))
     }
-}
 
-impl CustomOp1 for GradOp {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(&self, _x: &CpuStorage, _layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        match self.output()? {
+    fn cpu(&self) -> Result<(CpuStorage, Shape)> {
+        match self.take()? {
             (Storage::Cpu(s), shape) => Ok((s, shape)),
             _ => candle_core::bail!("{}: the output is not on the input's device", self.name),
         }
     }
 
-    fn cuda_fwd(&self, _x: &CudaStorage, _layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        match self.output()? {
+    fn cuda(&self) -> Result<(CudaStorage, Shape)> {
+        match self.take()? {
             (Storage::Cuda(s), shape) => Ok((s, shape)),
             _ => candle_core::bail!("{}: the output is not on the input's device", self.name),
         }
     }
+}
+
+struct GradOp {
+    output: Output,
+    backward: Backward,
+}
+
+impl CustomOp1 for GradOp {
+    fn name(&self) -> &'static str {
+        self.output.name
+    }
+
+    fn cpu_fwd(&self, _x: &CpuStorage, _layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.output.cpu()
+    }
+
+    fn cuda_fwd(&self, _x: &CudaStorage, _layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.output.cuda()
+    }
 
     fn bwd(&self, x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         (self.backward)(x, y, grad)
+    }
+}
+
+struct GradOp3 {
+    output: Output,
+    backward: Backward3,
+}
+
+impl CustomOp3 for GradOp3 {
+    fn name(&self) -> &'static str {
+        self.output.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.output.cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.output.cuda()
+    }
+
+    fn bwd(&self, a: &Tensor, b: &Tensor, c: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Grads3> {
+        (self.backward)([a, b, c], y, grad)
     }
 }
 

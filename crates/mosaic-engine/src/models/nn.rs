@@ -4,16 +4,17 @@
 //! kernels and the `LayerNorm`/`RmsNorm` layers have no backward pass and silently pass no
 //! gradient (candle issues #2168 and #3011; `docs/reference.md`, "Engine stack facts"). The
 //! layers here use only ops with a backward pass: matmul, broadcast arithmetic, reductions,
-//! `exp`, `log`, `sqrt`, `gelu`, `index_select`, and attention's [`softmax`]: candle's fused
-//! `softmax_last_dim` given a backward pass of ours ([`super::grad_op`]), in the dtype of the
-//! products (bf16 on a GPU, as a fused attention keeps its probabilities). `tests/engine.rs`
-//! checks that every parameter of every module gets a non-zero gradient.
+//! `exp`, `log`, `sqrt`, `gelu`, `index_select`; and two fused kernels given a backward pass
+//! of ours ([`super::grad_op`]): [`LayerNorm`]'s `layer_norm`, and attention's [`softmax`],
+//! candle's `softmax_last_dim` in the dtype of the products (bf16 on a GPU, as a fused
+//! attention keeps its probabilities). `tests/engine.rs` checks that every parameter of every
+//! module gets a non-zero gradient.
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 
 use mosaic_kit::rng::SplitMix64;
 
-use super::grad_op::with_backward;
+use super::grad_op::{with_backward, with_backward3, Grads3};
 
 /// A module's trainable parameters, in creation order (the order of checkpoints and of the
 /// optimizer state).
@@ -163,13 +164,17 @@ impl Linear {
     }
 }
 
-/// Layer normalisation over the last dimension, from means and variances (candle's
-/// `layer_norm_slow`), not the fused kernel that has no backward pass.
+/// Layer normalisation over the last dimension: candle's fused kernel (one pass, where the
+/// composed form takes eleven), given a backward pass of ours ([`layer_norm_backward`]), so the
+/// tape keeps the input alone where the composed form kept five tensors of its size.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     gamma: Tensor,
     beta: Tensor,
 }
+
+/// The variance guard of every LayerNorm.
+const LN_EPS: f64 = 1e-5;
 
 impl LayerNorm {
     /// Normalises `dim` features; γ = 1, β = 0.
@@ -184,14 +189,59 @@ impl LayerNorm {
 
     /// Applies the normalisation.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        let y = candle_nn::ops::layer_norm(
+            &x.detach(),
+            &self.gamma.detach(),
+            &self.beta.detach(),
+            LN_EPS as f32,
+        )?;
+        with_backward3(
+            [&x, &self.gamma, &self.beta],
+            y,
+            "layer_norm",
+            Box::new(|[x, gamma, _], _, grad| layer_norm_backward(x, gamma, grad)),
+        )
+    }
+
+    /// The normalisation composed of candle ops, which candle differentiates itself: the
+    /// reference [`LayerNorm::forward`] is tested against.
+    #[cfg(test)]
+    fn forward_composed(&self, x: &Tensor) -> Result<Tensor> {
         let mean = x.mean_keepdim(D::Minus1)?;
         let centred = x.broadcast_sub(&mean)?;
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
         centred
-            .broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_div(&(var + LN_EPS)?.sqrt()?)?
             .broadcast_mul(&self.gamma)?
             .broadcast_add(&self.beta)
     }
+}
+
+/// The gradients of `y = x̂·γ + β` (x̂ = (x − μ)·r, r = 1/√(σ² + ε) over the last dimension)
+/// given `g = ∂loss/∂y`: `∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂))`, `∂γ = Σ g·x̂` and
+/// `∂β = Σ g` over the rows. μ and r are recomputed from `x`, in two passes.
+fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3> {
+    let dim = x.dim(D::Minus1)?;
+    let rows = x.elem_count() / dim;
+    let x2 = x.detach().reshape((rows, dim))?;
+    let g2 = g.reshape((rows, dim))?;
+    let centred = x2.broadcast_sub(&x2.mean_keepdim(1)?)?;
+    let r = (centred.sqr()?.mean_keepdim(1)? + LN_EPS)?
+        .sqrt()?
+        .recip()?;
+    let x_hat = centred.broadcast_mul(&r)?;
+    let d_beta = g2.sum(0)?;
+    let d_gamma = (&g2 * &x_hat)?.sum(0)?;
+    let g_gamma = g2.broadcast_mul(&gamma.detach())?;
+    let mean_g = g_gamma.mean_keepdim(1)?;
+    let mean_gx = (&g_gamma * &x_hat)?.mean_keepdim(1)?;
+    let d_x = g_gamma
+        .broadcast_sub(&mean_g)?
+        .sub(&x_hat.broadcast_mul(&mean_gx)?)?
+        .broadcast_mul(&r)?
+        .reshape(x.shape())?;
+    Ok((Some(d_x), Some(d_gamma), Some(d_beta)))
 }
 
 /// `log softmax` over the last dimension, composed (the maximum is taken out of the graph:
@@ -454,6 +504,48 @@ mod tests {
             "uniform, not NaN"
         );
         assert_eq!(y[7], 0.0, "a masked key gets nothing");
+    }
+
+    #[test]
+    fn the_fused_layer_norm_has_the_composed_ones_values_and_gradients() {
+        let var = |seed, n, std, shape: &[usize]| {
+            let t = Tensor::from_vec(SplitMix64::new(seed).normals(n, std), shape, &Device::Cpu);
+            Var::from_tensor(&t.unwrap()).unwrap()
+        };
+        let (gamma, beta) = (var(1, 7, 1.0, &[7]), var(2, 7, 1.0, &[7]));
+        let ln = LayerNorm {
+            gamma: gamma.as_tensor().clone(),
+            beta: beta.as_tensor().clone(),
+        };
+        // Rows offset from zero, read through a transposed view (not contiguous).
+        let x = var(3, 3 * 7 * 5, 2.0, &[3, 7, 5]);
+        let w = Tensor::from_vec(
+            SplitMix64::new(4).normals(3 * 5 * 7, 1.0),
+            (3, 5, 7),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let run = |fused: bool| {
+            let input = (x.as_tensor() + 3.0).unwrap().transpose(1, 2).unwrap();
+            let y = if fused {
+                ln.forward(&input).unwrap()
+            } else {
+                ln.forward_composed(&input).unwrap()
+            };
+            let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            let mut out = vec![to_f32s(&y).unwrap()];
+            for v in [&x, &gamma, &beta] {
+                out.push(to_f32s(grads.get(v.as_tensor()).unwrap()).unwrap());
+            }
+            out
+        };
+        let (fused, composed) = (run(true), run(false));
+        for (f, c) in fused.iter().zip(&composed) {
+            assert_eq!(f.len(), c.len());
+            for (a, b) in f.iter().zip(c) {
+                assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
     }
 
     fn attention(causal: bool) -> Attention {
