@@ -78,6 +78,11 @@ def test_zoo_profile_plans_to_a_proven_optimum():
     assert plan.lower_bound_ms == pytest.approx(plan.iteration_ms)
     assert plan.gpus == 8 and plan.device == "H100-SXM5-80GB"
     assert plan.model == "ofasys" and plan.cluster == "h100x8"
+    # An H100's quotas are whole SMs of its 132: 8-SM partitions, or all 132 alone.
+    assert plan.sm_count == 132
+    sms = [m["sm"] * 132 for st in plan.stages for m in st["modules"]]
+    assert all(abs(n - 8 * round(n / 8)) < 1e-3 or n == 132 for n in sms), sms
+    assert "SMs per GPU" in str(plan)
     assert plan.search in ("gahc", "local", "exact")
     # Every module placed exactly once, stage times adding up to the iteration.
     placed = [m["name"] for st in plan.stages for m in st["modules"]]
@@ -99,8 +104,8 @@ def test_small_profile_plans_exactly():
     assert plan.optimal
     assert plan.iteration_ms == 200.0
     assert [sorted(m["name"] for m in st["modules"]) for st in plan.stages] == [["a", "b"], ["head"]]
-    # Planned from a file-like profile: no zoo model or cluster.
-    assert plan.model is None and plan.cluster is None
+    # Planned from a file-like profile: no zoo model or cluster, no partition rule.
+    assert plan.model is None and plan.cluster is None and plan.sm_count is None
 
 
 def test_profile_round_trips(tmp_path, clip):

@@ -222,6 +222,16 @@ pub enum PlanFileError {
         /// What is wrong and what was expected.
         message: String,
     },
+    /// An `sm_count` no GPU has, or, with one, a quota that is not a whole number of SMs.
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    BadSms {
+        /// The plan file.
+        file: PathBuf,
+        /// `sm_count`, or e.g. `stages[0].modules[1].sm`.
+        field: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
     /// The quotas of a stage's modules on one GPU add up to more than the whole GPU.
     #[error(
         "{file}: field `{field}`: the quotas on GPU {gpu} add up to {quota:.3} > 1",
@@ -258,6 +268,7 @@ impl PlanFileError {
             | E::GpuOutOfRange { field, .. }
             | E::RepeatedGpu { field, .. }
             | E::BadNodes { field, .. }
+            | E::BadSms { field, .. }
             | E::Oversubscribed { field, .. } => Some(field),
         }
     }
@@ -280,6 +291,7 @@ impl PlanFileError {
             | E::GpuOutOfRange { file, .. }
             | E::RepeatedGpu { file, .. }
             | E::BadNodes { file, .. }
+            | E::BadSms { file, .. }
             | E::Oversubscribed { file, .. } => file,
         }
     }

@@ -37,6 +37,11 @@ pub struct Plan {
     /// device with an SM partition rule its step over its SMs (`8/132` = 0.060606 on an H100:
     /// quotas are then whole partitions, k × 8 SMs over 132, or 1.0 for a module alone).
     pub granularity: f64,
+    /// SMs per GPU, on a device with an SM partition rule: every quota is then a whole number
+    /// of them (`sm × sm_count` SMs), and tables show SMs. Absent on devices without one, and
+    /// in plans written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_count: Option<u32>,
     /// The built-in model the profiles describe, when planned from the zoo (`--model`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -145,6 +150,7 @@ impl Plan {
             gpus,
             device: model.device.name.clone(),
             granularity,
+            sm_count: model.device.partitioned_sms(),
             model: None,
             cluster: None,
             stages,

@@ -136,6 +136,7 @@ impl Plan {
             .collect::<Result<Vec<_>, _>>()?;
         r.check_complete()?;
         r.check_order()?;
+        check_sms(self, file)?;
         Ok(stages)
     }
 
@@ -244,6 +245,46 @@ fn check_numbers(plan: &Plan, file: &Path) -> Result<(), PlanFileError> {
             check(format!("{at}.time_ms"), m.time_ms, MAX_TIME_MS)?;
             check(format!("{at}.base_ms"), m.base_ms, MAX_TIME_MS)?;
             check(format!("{at}.mem_gib"), m.mem_gib, MAX_MEM_GIB)?;
+        }
+    }
+    Ok(())
+}
+
+/// With an `sm_count`, checks it (1 to [`mosaic_profile::MAX_QUOTA_UNITS`] SMs) and that every
+/// module's quota is a whole number of those SMs, as the planner writes them on a device with
+/// a partition rule.
+fn check_sms(plan: &Plan, file: &Path) -> Result<(), PlanFileError> {
+    let Some(n) = plan.sm_count else {
+        return Ok(());
+    };
+    let bad = |field: String, message: String| PlanFileError::BadSms {
+        file: file.to_path_buf(),
+        field,
+        message,
+    };
+    if n == 0 || n > mosaic_profile::MAX_QUOTA_UNITS {
+        return Err(bad(
+            "sm_count".into(),
+            format!(
+                "a GPU has 1 to {} SMs, found {n}",
+                mosaic_profile::MAX_QUOTA_UNITS
+            ),
+        ));
+    }
+    for (si, s) in plan.stages.iter().enumerate() {
+        for (mi, m) in s.modules.iter().enumerate() {
+            if mosaic_profile::quota_to_sms(m.sm, n).is_none() {
+                return Err(bad(
+                    format!("stages[{si}].modules[{mi}].sm"),
+                    format!(
+                        "{} is {:.3} SMs; with `sm_count` {n} a quota is a whole number of SMs \
+                         over it (k/{n}, within {})",
+                        m.sm,
+                        m.sm * n as f64,
+                        mosaic_profile::SM_QUOTA_TOLERANCE
+                    ),
+                ));
+            }
         }
     }
     Ok(())

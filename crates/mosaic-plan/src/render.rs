@@ -27,7 +27,8 @@ pub fn gpu_ranges(gpus: &[u32]) -> String {
     out
 }
 
-/// The plan as a table: per stage its time and quota use, per module dp, quota, GPUs, times.
+/// The plan as a table: per stage its time and quota use, per module dp, quota (whole SMs on a
+/// device with a partition rule), GPUs and times.
 pub fn plan_table(plan: &Plan, label: &str) -> String {
     let mut s = String::new();
     let search = match plan.search.as_str() {
@@ -44,17 +45,21 @@ pub fn plan_table(plan: &Plan, label: &str) -> String {
         ),
         _ => "no bound proven".to_string(),
     };
+    let step = quota_grid(plan.granularity, plan.sm_count);
     let _ = writeln!(
         s,
-        "{label}: {} × {}, SM quota step {}\nfound by {search}; solved in {:.1} ms\n\
+        "{label}: {} × {}, {step}\nfound by {search}; solved in {:.1} ms\n\
          predicted iteration: {:.1} ms in {} stage(s), {proof}\n",
         plan.gpus,
         plan.device,
-        plan.granularity,
         plan.solve_ms,
         plan.iteration_ms,
         plan.stages.len()
     );
+    let unit = match plan.sm_count {
+        Some(_) => "SMs",
+        None => "quota",
+    };
     let name_w = plan
         .stages
         .iter()
@@ -74,29 +79,55 @@ pub fn plan_table(plan: &Plan, label: &str) -> String {
         let _ = writeln!(
             s,
             "  {:<name_w$}  {:>3}  {:>5}  {:<12}  {:>10}  {:>10}  {:>8}",
-            "module", "dp", "quota", "GPUs", "time ms", "alone ms", "mem GiB"
+            "module", "dp", unit, "GPUs", "time ms", "alone ms", "mem GiB"
         );
         for m in &st.modules {
             let _ = writeln!(
                 s,
-                "  {:<name_w$}  {:>3}  {:>5.2}  {:<12}  {:>10.1}  {:>10.1}  {:>8.1}",
+                "  {:<name_w$}  {:>3}  {:>5}  {:<12}  {:>10.1}  {:>10.1}  {:>8.1}",
                 m.name,
                 m.dp,
-                m.sm,
+                quota(m.sm, plan.sm_count, 2),
                 gpu_ranges(&m.gpus),
                 m.time_ms,
                 m.base_ms,
                 m.mem_gib
             );
         }
-        let _ = writeln!(s, "  quota per GPU: {}\n", quota_runs(&st.gpu_quota));
+        let _ = writeln!(
+            s,
+            "  {unit} per GPU: {}\n",
+            quota_runs(&st.gpu_quota, plan.sm_count)
+        );
     }
     s
 }
 
-/// Quotas per GPU, runs of equal ones written once with their length: `1.0 0.6×3 0.0`.
-fn quota_runs(quotas: &[f64]) -> String {
-    let shown: Vec<String> = quotas.iter().map(|q| format!("{q:.1}")).collect();
+/// The quota grid in words: `132 SMs each, quotas in 8-SM partitions` on a device of
+/// `sm_count` SMs with a partition rule (`granularity` = step / SMs), else `SM quota step 0.1`.
+pub fn quota_grid(granularity: f64, sm_count: Option<u32>) -> String {
+    match sm_count {
+        Some(n) => format!(
+            "{n} SMs each, quotas in {}-SM partitions",
+            (granularity * n as f64).round()
+        ),
+        None => format!("SM quota step {granularity}"),
+    }
+}
+
+/// A quota as shown: whole SMs on a device of `sm_count` SMs, else the fraction of a GPU to
+/// `digits` decimals.
+fn quota(q: f64, sm_count: Option<u32>, digits: usize) -> String {
+    match sm_count {
+        Some(n) => format!("{}", (q * n as f64).round()),
+        None => format!("{q:.digits$}"),
+    }
+}
+
+/// Quotas per GPU ([`quota`] to one decimal), runs of equal ones written once with their
+/// length: `1.0 0.6×3 0.0`, or `104×4 40×4` in SMs.
+fn quota_runs(quotas: &[f64], sm_count: Option<u32>) -> String {
+    let shown: Vec<String> = quotas.iter().map(|&q| quota(q, sm_count, 1)).collect();
     let mut out: Vec<String> = Vec::new();
     for run in shown.chunk_by(|a, b| a == b) {
         out.push(match run.len() {
@@ -113,8 +144,16 @@ mod tests {
 
     #[test]
     fn quota_runs_are_compressed() {
-        assert_eq!(quota_runs(&[1.0, 0.6, 0.6, 0.6, 0.0]), "1.0 0.6×3 0.0");
-        assert_eq!(quota_runs(&[]), "");
+        assert_eq!(
+            quota_runs(&[1.0, 0.6, 0.6, 0.6, 0.0], None),
+            "1.0 0.6×3 0.0"
+        );
+        assert_eq!(quota_runs(&[], None), "");
+        let h100 = |sms: f64| sms / 132.0;
+        assert_eq!(
+            quota_runs(&[h100(104.0), h100(104.0), 1.0, 0.0], Some(132)),
+            "104×2 132 0"
+        );
     }
 
     #[test]

@@ -209,6 +209,67 @@ fn every_broken_rule_is_refused_at_its_field() {
 }
 
 #[test]
+fn a_plan_on_a_partitioned_device_counts_whole_sms() {
+    // The H100's rule: quotas are 8-SM partitions of its 132 SMs, or all 132 alone.
+    let sample = |dp: u32, sms: u32| {
+        format!(
+            r#"{{"dp": {dp}, "sm": {}, "time_ms": {}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}}"#,
+            sms as f64 / 132.0,
+            1000.0 / (dp * sms) as f64
+        )
+    };
+    let samples = [(1, 16), (1, 64), (1, 132), (2, 16), (2, 132)]
+        .map(|(d, n)| sample(d, n))
+        .join(", ");
+    let text = format!(
+        r#"{{"format": "mosaic-profiles/1",
+            "device": {{"name": "H100", "sm_count": 132, "memory_gib": 80.0,
+                        "partition": {{"min_sms": 8, "step_sms": 8}}}},
+            "modules": [{{"name": "a", "after": [], "samples": [{samples}]}},
+                        {{"name": "b", "after": [], "samples": [{samples}]}}],
+            "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#
+    );
+    let model = PerfModel::new(&parse(&text, "h.json").unwrap(), 0.1, "h.json").unwrap();
+    let p = solve(&model, 2, &SolveOptions::default()).unwrap();
+    assert_eq!(p.sm_count, Some(132));
+    let read = parse_plan(&serde_json::to_string(&p).unwrap(), "p.json").unwrap();
+    assert_eq!(read.sm_count, Some(132));
+    read.resolve(Path::new("p.json"), &ModuleGraph::of(&model))
+        .unwrap();
+    let table = mosaic_plan::render::plan_table(&p, "h");
+    assert!(
+        table.contains("132 SMs each, quotas in 8-SM partitions"),
+        "{table}"
+    );
+    assert!(table.contains("SMs per GPU: "), "{table}");
+    for m in p.stages.iter().flat_map(|s| &s.modules) {
+        let sms = m.sm * 132.0;
+        assert!((sms - sms.round()).abs() < 1e-4, "{} at {sms} SMs", m.name);
+    }
+}
+
+#[test]
+fn an_sm_count_needs_whole_sms() {
+    let field = |e: &E| e.field().unwrap_or("").to_string();
+    // The test model's quotas, 0.5 and 1.0, are 50 and 100 of 100 SMs.
+    let mut p = plan(2);
+    p.sm_count = Some(100);
+    p.resolve(Path::new("p.json"), &graph()).unwrap();
+    for sm_count in [0, 1_000_000] {
+        let e = refuse(|p| p.sm_count = Some(sm_count));
+        assert!(matches!(e, E::BadSms { .. }), "{e}");
+        assert_eq!(field(&e), "sm_count");
+    }
+    let e = refuse(|p| {
+        p.sm_count = Some(100);
+        p.stages[1].modules[0].sm = 0.495;
+    });
+    assert!(matches!(e, E::BadSms { .. }), "{e}");
+    assert_eq!(field(&e), "stages[1].modules[0].sm");
+    assert!(e.to_string().contains("49.500 SMs"), "{e}");
+}
+
+#[test]
 fn check_adds_the_planned_memory() {
     let mut p = plan(2);
     assert_eq!(p.check(&model()), Ok(()));

@@ -48,6 +48,14 @@ pub struct Device {
     pub partition: Option<SmGranularity>,
 }
 
+impl Device {
+    /// Its SM count when it has a partition rule, so that every quota is a whole number of
+    /// SMs; `None` without one.
+    pub fn partitioned_sms(&self) -> Option<u32> {
+        self.partition.map(|_| self.sm_count)
+    }
+}
+
 /// The nodes of the pool the profile plans for, and the placement its samples assume.
 ///
 /// GPUs are numbered node by node: node `k` holds GPUs `k·gpus_per_node ..

@@ -172,6 +172,13 @@ impl Plan {
         self.plan.granularity
     }
 
+    /// SMs per GPU when the device has an SM partition rule (every quota is then a whole
+    /// number of them, ``sm × sm_count``), else None.
+    #[getter]
+    fn sm_count(&self) -> Option<u32> {
+        self.plan.sm_count
+    }
+
     /// The built-in model planned (a ``Profile.zoo`` profile), else None.
     #[getter]
     fn model(&self) -> Option<String> {

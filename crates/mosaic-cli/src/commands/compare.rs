@@ -262,11 +262,14 @@ fn table(input: &Loaded, rows: &[StrategyResult], mosaic_ms: f64, notes: &[Strin
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{}: {} × {}, SM quota step {}\n",
+        "{}: {} × {}, {}\n",
         input.label,
         input.gpus,
         input.model.device.name,
-        input.model.granularity()
+        mosaic_plan::render::quota_grid(
+            input.model.granularity(),
+            input.model.device.partitioned_sms()
+        )
     );
     let name = |r: &StrategyResult| {
         if r.pipelined {

@@ -247,6 +247,7 @@ pub fn sequential_plan(model: &Model, gpus: usize) -> Plan {
         gpus: gpus as u32,
         device: "cpu".into(),
         granularity: 0.1,
+        sm_count: None,
         model: Some(model.name.to_string()),
         cluster: None,
         stages: model

@@ -64,6 +64,7 @@ pub fn hand_plan(model: &ModelSpec, cluster: &ClusterSpec, stages: &[&[Row]]) ->
         gpus: cluster.gpus(),
         device: cluster.device.name.clone(),
         granularity: 0.1,
+        sm_count: None,
         model: Some(model.name.clone()),
         cluster: Some(cluster.name.clone()),
         stages,
