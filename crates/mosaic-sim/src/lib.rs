@@ -176,6 +176,7 @@ pub fn simulate_with(
         device: cluster.device.name.clone(),
         gpus: plan.gpus,
         gpus_per_node: cluster.gpus_per_node,
+        sm_count: cluster.device.sm_count,
         iteration_ms,
         predicted_ms: plan.iteration_ms,
         prediction_error: relative(iteration_ms, plan.iteration_ms),

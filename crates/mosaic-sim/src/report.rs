@@ -32,6 +32,10 @@ pub struct SimReport {
     pub gpus: u32,
     /// GPUs per node of the cluster.
     pub gpus_per_node: u32,
+    /// SMs of the cluster's GPU: a slice's `quota` holds `quota × sm_count` of them (0 in
+    /// reports written before it was recorded).
+    #[serde(default)]
+    pub sm_count: u32,
     /// Simulated iteration time, ms.
     pub iteration_ms: f64,
     /// The plan's predicted iteration time, ms.

@@ -130,7 +130,13 @@ pub fn svg(report: &SimReport) -> String {
     header(&mut doc, &l, report);
     rows(&mut doc, &l, report);
     for sl in drawing_order(report) {
-        block(&mut doc, &l, sl, &modules.colour(&sl.module));
+        block(
+            &mut doc,
+            &l,
+            sl,
+            report.sm_count,
+            &modules.colour(&sl.module),
+        );
     }
     stage_marks(&mut doc, &l, report);
     time_axis(&mut doc, &l);
@@ -216,14 +222,15 @@ fn rows(doc: &mut Svg, l: &Layout, report: &SimReport) {
     }
 }
 
-/// One slice's block in `colour` with its tooltip, and its module's name when it fits.
-fn block(doc: &mut Svg, l: &Layout, sl: &Slice, colour: &str) {
+/// One slice's block in `colour` with its tooltip (its quota in SMs of a `sm_count`-SM GPU
+/// when that is known), and its module's name when it fits.
+fn block(doc: &mut Svg, l: &Layout, sl: &Slice, sm_count: u32, colour: &str) {
     let y0 = l.row_y(sl.gpu) + sl.offset * l.row_h;
     let h = (sl.quota * l.row_h).max(0.5);
     let (x0, x1) = (l.x(sl.start_ms), l.x(sl.end_ms));
     let bw = (x1 - x0).max(0.5);
     let tip = format!(
-        "{} · GPU {} · stage {} · {} {:.2}–{:.2} ms ({:.2} ms) · quota {:.2}",
+        "{} · GPU {} · stage {} · {} {:.2}–{:.2} ms ({:.2} ms) · {}",
         sl.module,
         sl.gpu,
         sl.stage + 1,
@@ -231,7 +238,10 @@ fn block(doc: &mut Svg, l: &Layout, sl: &Slice, colour: &str) {
         sl.start_ms,
         sl.end_ms,
         sl.end_ms - sl.start_ms,
-        sl.quota
+        match sm_count {
+            0 => format!("quota {:.2}", sl.quota),
+            n => format!("{} of {n} SMs", (sl.quota * n as f64).round()),
+        }
     );
     doc.group().open();
     doc.title(&tip);

@@ -44,6 +44,9 @@ fn svg_is_a_well_formed_picture_of_the_plan() {
     assert!(svg.contains(&format!("{:.1} ms", r.iteration_ms)));
     // One block per slice, each with its tooltip.
     assert_eq!(svg.matches("<title>").count(), r.slices.len());
+    // Tooltips give each block's quota in the H100's SMs.
+    assert_eq!(r.sm_count, 132);
+    assert_eq!(svg.matches(" of 132 SMs</title>").count(), r.slices.len());
     // A name that needs escaping stays well formed.
     let mut odd = r.clone();
     odd.model = "a<b&c".into();
