@@ -15,6 +15,8 @@ extern "C" __global__ void mosaic_adamw_f32(
     float lr,
     float beta1,
     float beta2,
+    float one_minus_beta1,  // 1 - beta1 and 1 - beta2, from the host's f64: in f32,
+    float one_minus_beta2,  // 1 - 0.999f is off by 1.3e-5 relative
     float eps,
     float decay,  // 1 - lr * weight decay
     float bias1,  // 1 - beta1^t
@@ -24,8 +26,8 @@ extern "C" __global__ void mosaic_adamw_f32(
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
         float gi = g[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * (gi * gi);
+        float mi = beta1 * m[i] + one_minus_beta1 * gi;
+        float vi = beta2 * v[i] + one_minus_beta2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
         float update = (mi / bias1) / (sqrtf(vi / bias2) + eps);

@@ -20,6 +20,10 @@ pub(super) struct Scalars {
     pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
+    /// `1 − β₁`, from f64 (in f32, `1 − 0.999` is off by 1.3e-5 relative).
+    pub one_minus_beta1: f32,
+    /// `1 − β₂`, likewise.
+    pub one_minus_beta2: f32,
     pub eps: f32,
     /// `1 − lr·λ`.
     pub decay: f32,
@@ -89,12 +93,14 @@ pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalar
         .arg(&s.lr)
         .arg(&s.beta1)
         .arg(&s.beta2)
+        .arg(&s.one_minus_beta1)
+        .arg(&s.one_minus_beta2)
         .arg(&s.eps)
         .arg(&s.decay)
         .arg(&s.bias1)
         .arg(&s.bias2);
     // SAFETY: the arguments match the kernel's parameters in number, order and size (four
-    // device addresses, an unsigned 64-bit count, seven f32 scalars); each address points at
+    // device addresses, an unsigned 64-bit count, nine f32 scalars); each address points at
     // `n` f32s of a live allocation of this device.
     unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     Ok(())

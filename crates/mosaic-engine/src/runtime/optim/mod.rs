@@ -127,6 +127,8 @@ impl AdamW {
             lr: c.lr as f32,
             beta1: c.beta1 as f32,
             beta2: c.beta2 as f32,
+            one_minus_beta1: (1.0 - c.beta1) as f32,
+            one_minus_beta2: (1.0 - c.beta2) as f32,
             eps: c.eps as f32,
             decay: (1.0 - c.lr * c.weight_decay) as f32,
             bias1: bias1 as f32,
