@@ -3,7 +3,7 @@
 //! Exit code 1 when a check fails; skips (no GPU, or a build without a path) are not failures.
 
 use anyhow::{anyhow, Result};
-use mosaic_engine::measure::{check_gpu, Outcome};
+use mosaic_engine::measure::{check_gpu, GpuCheck, Outcome};
 
 use super::engine::{one_process, pin_candle_threads};
 
@@ -22,7 +22,8 @@ pub struct GpuArgs {
     /// The CUDA device to check.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1023))]
     device: u32,
-    /// One JSON object per check per line (`name`, `outcome`, `figure`) instead of the table.
+    /// One JSON object per check per line (`name`, `outcome`, `figure`, `seconds`) instead of
+    /// the table.
     #[arg(long)]
     json: bool,
 }
@@ -32,20 +33,28 @@ pub fn run(args: Args) -> Result<()> {
     let Args::Gpu(args) = args;
     one_process("mosaic check gpu")?;
     pin_candle_threads();
-    let checks = check_gpu(args.device as usize);
-    let count = |o: Outcome| checks.iter().filter(|c| c.outcome == o).count();
-    for c in &checks {
+    // Each row as its check ends, with the seconds it took: a check that hangs leaves the
+    // rows before it on screen.
+    let mut last = std::time::Instant::now();
+    let mut print = |c: &GpuCheck| {
+        let secs = last.elapsed().as_secs_f64();
+        last = std::time::Instant::now();
         if args.json {
-            println!("{}", serde_json::to_string(c)?);
+            let row = serde_json::json!({
+                "name": c.name, "outcome": c.outcome, "figure": c.figure, "seconds": secs,
+            });
+            println!("{row}");
         } else {
             let tag = match c.outcome {
                 Outcome::Pass => "pass",
                 Outcome::Fail => "FAIL",
                 Outcome::Skip => "skip",
             };
-            println!("{tag}  {:<44} {}", c.name, c.figure);
+            println!("{tag}  {:<44} {} ({secs:.1} s)", c.name, c.figure);
         }
-    }
+    };
+    let checks = check_gpu(args.device as usize, &mut print);
+    let count = |o: Outcome| checks.iter().filter(|c| c.outcome == o).count();
     let (failed, passed, skipped) = (
         count(Outcome::Fail),
         count(Outcome::Pass),

@@ -58,39 +58,57 @@ impl GpuCheck {
     }
 }
 
-/// Every check on CUDA device `ordinal`, in order.
-pub fn check_gpu(ordinal: usize) -> Vec<GpuCheck> {
+/// The checks so far, each handed to a callback as it ends (so that a check that hangs still
+/// leaves the rows before it on screen).
+struct Checks<'a> {
+    done: Vec<GpuCheck>,
+    each: &'a mut dyn FnMut(&GpuCheck),
+}
+
+impl Checks<'_> {
+    fn push(&mut self, check: GpuCheck) {
+        (self.each)(&check);
+        self.done.push(check);
+    }
+}
+
+/// Every check on CUDA device `ordinal`, in order; `each` sees every check as it ends.
+pub fn check_gpu(ordinal: usize, each: &mut dyn FnMut(&GpuCheck)) -> Vec<GpuCheck> {
+    let mut out = Checks {
+        done: Vec::new(),
+        each,
+    };
     if let Some(why) = driver_unavailable() {
-        return vec![GpuCheck::new("driver", Outcome::Skip, why)];
+        out.push(GpuCheck::new("driver", Outcome::Skip, why));
+        return out.done;
     }
     #[cfg(feature = "cuda")]
-    {
-        on_device::run(ordinal)
-    }
+    on_device::run(ordinal, &mut out);
     #[cfg(not(feature = "cuda"))]
     {
         let _ = ordinal;
-        vec![GpuCheck::new(
+        out.push(GpuCheck::new(
             "driver",
             Outcome::Skip,
             "built without the `cuda` feature",
-        )]
+        ));
     }
+    out.done
 }
 
 #[cfg(feature = "cuda")]
 mod on_device {
-    use super::{GpuCheck, Outcome};
+    use super::{Checks, GpuCheck, Outcome};
     use crate::runtime::slot::cuda::GpuDevice;
 
     /// The checks that need only the driver, then those of the GPU build.
-    pub(super) fn run(ordinal: usize) -> Vec<GpuCheck> {
+    pub(super) fn run(ordinal: usize, out: &mut Checks) {
         let device = match GpuDevice::open(ordinal) {
             Ok(d) => d,
-            Err(e) => return vec![GpuCheck::new("driver", Outcome::Fail, e.to_string())],
+            Err(e) => return out.push(GpuCheck::new("driver", Outcome::Fail, e.to_string())),
         };
         let (major, minor) = device.compute_capability();
-        let mut out = vec![GpuCheck::new(
+        out.push(GpuCheck::new(
             "driver",
             Outcome::Pass,
             format!(
@@ -98,18 +116,17 @@ mod on_device {
                 device.name(),
                 device.sms()
             ),
-        )];
+        ));
         out.push(slots(&device));
         out.push(nvml(&device));
         #[cfg(mosaic_gpu)]
-        out.extend(super::compute::run(&device));
+        super::compute::run(&device, out);
         #[cfg(not(mosaic_gpu))]
         out.push(GpuCheck::new(
             "module compute",
             Outcome::Skip,
             "this build has no GPU compute: build mosaic with scripts/cuda-cargo",
         ));
-        out
     }
 
     /// A stage of quotas [0.25, 0.5, 0.25], then a module alone at quota 1 (the last figure,
@@ -188,7 +205,7 @@ mod compute {
     use candle_core::{DType, Device, Tensor};
     use mosaic_kit::rng::SplitMix64;
 
-    use super::{GpuCheck, Outcome};
+    use super::{Checks, GpuCheck, Outcome};
     use crate::models::nn::{to_f32s, Block, BlockDims, ParamBuilder};
     use crate::models::{self, Model};
     use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
@@ -202,8 +219,7 @@ mod compute {
         EngineError::tensor("check")(e)
     }
 
-    pub(super) fn run(device: &GpuDevice) -> Vec<GpuCheck> {
-        let mut out = Vec::new();
+    pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         for binding in Binding::ALL {
             let name = format!("candle ops ({})", binding.name());
             out.push(outcome(&name, || ops(device, binding)));
@@ -240,7 +256,6 @@ mod compute {
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
-        out
     }
 
     /// `mosaic measure colocations --device cuda` in small: two colocations of clip-tiny at
