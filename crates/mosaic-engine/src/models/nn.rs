@@ -10,6 +10,8 @@
 //! attention keeps its probabilities). `tests/engine.rs` checks that every parameter of every
 //! module gets a non-zero gradient.
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 
 use mosaic_kit::rng::SplitMix64;
@@ -260,6 +262,10 @@ pub struct Attention {
     out: Linear,
     heads: usize,
     causal: bool,
+    /// The causal mask last used, shared by the layer's clones (a recomputed block is one):
+    /// built on the host and copied to the device once, not in every forward pass (a
+    /// `tokens²` copy from pageable memory per layer and pass).
+    causal_mask: Arc<Mutex<Option<Tensor>>>,
 }
 
 impl Attention {
@@ -281,8 +287,26 @@ impl Attention {
                 out: Linear::new(pb, "out", dim, dim)?,
                 heads,
                 causal,
+                causal_mask: Arc::default(),
             })
         })
+    }
+
+    /// The additive causal mask `[t, t]` in `dtype` on `device` ([`MASKED`] above the
+    /// diagonal), from the cache when it has that one.
+    fn causal_mask(&self, t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        let mut cached = self.causal_mask.lock().expect("causal mask lock");
+        if let Some(m) = cached.as_ref() {
+            if m.dims() == [t, t] && m.dtype() == dtype && m.device().same_device(device) {
+                return Ok(m.clone());
+            }
+        }
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, t), device)?.to_dtype(dtype)?;
+        *cached = Some(mask.clone());
+        Ok(mask)
     }
 
     /// `x`: `[batch, tokens, dim]`.
@@ -312,11 +336,7 @@ impl Attention {
         let v = qkv.get(2)?.to_dtype(dtype)?.contiguous()?;
         let mut scores = q.contiguous()?.matmul(&k.t()?)?;
         if self.causal {
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
-                .collect();
-            let mask = Tensor::from_vec(mask, (t, t), x.device())?.to_dtype(dtype)?;
-            scores = scores.broadcast_add(&mask)?;
+            scores = scores.broadcast_add(&self.causal_mask(t, dtype, x.device())?)?;
         }
         if let Some(mask) = mask {
             scores = scores.broadcast_add(&mask.to_dtype(dtype)?)?;
