@@ -14,8 +14,15 @@ pub(crate) fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineErr
     // Bytes a parameter holds on the GPU for the whole run: its f32 value, gradient and two
     // AdamW moments.
     const BYTES_PER_PARAM: u64 = 16;
+    use cudarc::driver::result::{device::get_default_mem_pool, mem_pool::trim_to};
+    // What the default pool keeps of earlier runs in this process (`GpuDevice::open` has it
+    // keep everything freed) is free for this one: hand it back to the driver first.
+    // SAFETY: the device comes from the context, the pool from the device.
     let (free, total) = cudarc::driver::CudaContext::new(ordinal)
-        .and_then(|ctx| ctx.mem_get_info())
+        .and_then(|ctx| {
+            unsafe { trim_to(get_default_mem_pool(ctx.cu_device())?, 0)? };
+            ctx.mem_get_info()
+        })
         .map_err(|e| EngineError::Cuda {
             what: format!("cuMemGetInfo (device {ordinal})"),
             message: e.to_string(),

@@ -72,6 +72,20 @@ fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<Identity, Engi
     })
 }
 
+/// The order in which a stage's slots (`sms` each) are split off the device: smallest first,
+/// ties in the stage's order. Each split takes its SMs from what the earlier ones left, so the
+/// last slot gets the leftovers, possibly scattered over the GPU's GPCs; a large slot still
+/// holds whole GPCs for kernels of thread-block clusters (cuBLAS's, on Hopper), a small one may
+/// hold none. Why it matters: on an H200, a real-size ImageBind stage split in the plan's order
+/// (48, 24, 32, 8, 8, 8 SMs) failed in the last 8-SM slot's cuBLAS call
+/// (`CUBLAS_STATUS_EXECUTION_FAILED`, also with launches blocking), while the same module alone
+/// in an 8-SM slot trained; that clusters are the cause is our reading, not yet checked.
+fn split_order(sms: &[u32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sms.len()).collect();
+    order.sort_by_key(|&i| sms[i]);
+    order
+}
+
 impl GpuDevice {
     /// Opens CUDA device `ordinal`: checks the driver ([`super::driver_unavailable`]), reads the
     /// device's name, SMs and compute capability, and retains its primary context.
@@ -118,6 +132,26 @@ impl GpuDevice {
         check(
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut primary, dev) },
             || at("cuDevicePrimaryCtxRetain"),
+        )?;
+        // candle allocates with cuMemAllocAsync from the device's default pool, which by
+        // default hands freed memory back to the driver at every synchronisation, so each
+        // step would map its activations anew; keep it instead, as PyTorch's caching
+        // allocator does.
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev) },
+            || at("cuDeviceGetDefaultMemPool"),
+        )?;
+        let mut keep_all = u64::MAX;
+        check(
+            unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut keep_all as *mut u64).cast(),
+                )
+            },
+            || at("cuMemPoolSetAttribute(release threshold)"),
         )?;
         Ok(GpuDevice {
             inner: Arc::new(DeviceInner {
@@ -186,9 +220,9 @@ impl GpuDevice {
     /// (CUDA 12.4) merges several into one descriptor, so what is left after each module
     /// becomes a green context of its own, whose SM resource is split for the next module;
     /// these scaffolding contexts (one fewer than the stage's modules, never given work) live
-    /// as long as the stage's slots. Slots of different stages may share SMs: stages do not
-    /// overlap in time. [`GpuSlot::sms`] reports what the driver granted, read back from the
-    /// slot's context.
+    /// as long as the stage's slots. The smallest slots are split off first (`split_order`).
+    /// Slots of different stages may share SMs: stages do not overlap in time.
+    /// [`GpuSlot::sms`] reports what the driver granted, read back from the slot's context.
     pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
         // A module alone at the whole GPU gets every SM: a green context of the device's whole
         // SM resource, since a split hands out at most ⌊SMs/step⌋·step (128 of an H100's 132).
@@ -209,8 +243,10 @@ impl GpuDevice {
         let device = &self.inner;
         let mut input = device.whole;
         let mut scaffold = Vec::new();
-        let mut parts = Vec::with_capacity(sms.len());
-        for (i, (&(module, _), &n)) in modules.iter().zip(&sms).enumerate() {
+        let mut parts: Vec<Option<CUdevResource>> = vec![None; sms.len()];
+        let order = split_order(&sms);
+        for (i, &m) in order.iter().enumerate() {
+            let (module, n) = (modules[m].0, sms[m]);
             let left = sm_count(&input);
             let at = |what: &str| {
                 format!(
@@ -235,7 +271,7 @@ impl GpuDevice {
                     message: "the driver made no group of that size".into(),
                 });
             }
-            parts.push(part);
+            parts[m] = Some(part);
             if i + 1 < modules.len() {
                 // The rest cannot be split again as it is; as a green context's resource it can.
                 let rest = GreenCtx::create(device.dev, &rest, &at)?;
@@ -248,6 +284,7 @@ impl GpuDevice {
             .iter()
             .zip(&parts)
             .map(|(&(module, quota), part)| {
+                let part = part.as_ref().expect("every module's SMs were split off");
                 GpuSlot::create(&self.inner, module, quota, part, scaffold.clone())
             })
             .collect()
@@ -337,5 +374,17 @@ impl Drop for Scratch<'_> {
             unsafe { sys::cuMemFree_v2(ptr) };
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_order;
+
+    #[test]
+    fn the_smallest_slots_are_split_off_first_ties_in_stage_order() {
+        assert_eq!(split_order(&[48, 24, 32, 8, 8, 8]), [3, 4, 5, 1, 2, 0]);
+        assert_eq!(split_order(&[64]), [0]);
+        assert!(split_order(&[]).is_empty());
     }
 }
