@@ -90,9 +90,10 @@ struct RunArgs {
     /// Samples per step, split among a module's replicas.
     #[arg(long, default_value_t = 16)]
     batch: usize,
-    /// AdamW learning rate of every module.
-    #[arg(long, default_value_t = AdamWConfig::default().lr)]
-    lr: f64,
+    /// AdamW learning rate of every module [default: 3e-3, scaled by 32 / width for a
+    /// zoo-built model wider than 32: 9.4e-5 for real-size CLIP].
+    #[arg(long)]
+    lr: Option<f64>,
     /// Seed of the initial parameters and of the synthetic data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -217,12 +218,13 @@ fn train(args: &RunArgs) -> Result<()> {
     };
     let cores = available_cores();
     let mut model = load_model(args)?;
+    let lr = args.lr.unwrap_or_else(|| recipe(args).default_lr());
     let schedule = schedule(&model, args.plan.as_deref(), world, args.batch, cores)?;
     let producers = attach_feed(args, &mut model, &schedule)?;
     let config = TrainConfig {
         batch: args.batch,
         adamw: AdamWConfig {
-            lr: args.lr,
+            lr,
             ..AdamWConfig::default()
         },
         compute: match args.device {
@@ -243,12 +245,16 @@ fn train(args: &RunArgs) -> Result<()> {
 }
 
 /// The built-in model, on the user's tensors with `--data`.
-fn load_model(args: &RunArgs) -> Result<Model> {
-    let recipe = Recipe {
+/// What `args` build the model from.
+fn recipe(args: &RunArgs) -> Recipe {
+    Recipe {
         size: args.size,
         ..Recipe::new(&args.model, args.seed)
-    };
-    let mut model = models::build_placed(&recipe, &|_| Device::Cpu).map_err(engine)?;
+    }
+}
+
+fn load_model(args: &RunArgs) -> Result<Model> {
+    let mut model = models::build_placed(&recipe(args), &|_| Device::Cpu).map_err(engine)?;
     if let Some(path) = &args.data {
         let file = TensorFile::load(path, &model.data.fields()).map_err(engine)?;
         model.data = Box::new(file);
@@ -435,7 +441,7 @@ fn train_steps(args: &RunArgs, trainer: &mut Trainer, v: Voice) -> Result<Steps>
                 "step {}: the loss is {}: training diverged; lower --lr (now {:?}){}",
                 r.step,
                 r.loss,
-                args.lr,
+                trainer.config().adamw.lr,
                 match &args.data {
                     Some(p) => format!(" or check the values in --data {}", p.display()),
                     None => String::new(),

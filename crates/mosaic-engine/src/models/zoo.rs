@@ -259,6 +259,16 @@ fn leak(name: &str) -> &'static str {
     Box::leak(name.to_string().into_boxed_str())
 }
 
+/// The width of `name`'s widest encoder at size `size` (CLIP's vision tower at size 1: 1024).
+pub fn widest(name: &str, size: f64) -> Result<usize> {
+    let spec = mosaic_zoo::model(name).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    Ok((spec.modules.iter())
+        .filter(|m| m.role == Role::Encoder)
+        .map(|m| Shape::of(m, size).dims.dim)
+        .max()
+        .unwrap_or(0))
+}
+
 /// Builds the zoo model `name` (`clip` or `imagebind`) at size `size`, parameters and data
 /// from `seed`, each module's parameters on `place(module)`, its products in bf16 there if that
 /// is a GPU.
