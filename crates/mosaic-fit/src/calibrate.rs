@@ -383,15 +383,22 @@ pub struct ModuleAccuracy {
     pub assumed_dp1: FitQuality,
     /// The same at every dp.
     pub assumed: FitQuality,
+    /// The built-in constants (fitted to another measurement), at dp 1: how well they carry
+    /// over to this one.
+    pub built_in_dp1: FitQuality,
+    /// The same at every dp.
+    pub built_in: FitQuality,
 }
 
-/// In-sample, leave-one-module-out and uncalibrated errors per module and over all modules:
-/// `fitted` is the fit to every module, `assumed` the constants before calibration, and each
-/// held-out module is predicted by a fit of `free` (from `start`) to the other modules.
+/// In-sample, leave-one-module-out, uncalibrated and built-in errors per module and over all
+/// modules: `fitted` is the fit to every module, `assumed` the constants before calibration,
+/// `built_in` the default ones, and each held-out module is predicted by a fit of `free` (from
+/// `start`) to the other modules.
 pub fn accuracy(
     target: &Target,
     fitted: &Calibration,
     assumed: &Calibration,
+    built_in: &Calibration,
     start: &Calibration,
     free: &[FreeConstant],
 ) -> Vec<ModuleAccuracy> {
@@ -401,8 +408,8 @@ pub fn accuracy(
         m.dedup();
         m
     };
-    // Ratios per module: (in-sample, held out, assumed), each (dp 1, all).
-    let per_module: Vec<[Vec<f64>; 6]> = modules
+    // Ratios per module: (in-sample, held out, assumed, built-in), each (dp 1, all).
+    let per_module: Vec<[Vec<f64>; 8]> = modules
         .iter()
         .map(|&m| {
             let held = target.fit(start, free, |p| p.module != m);
@@ -416,10 +423,12 @@ pub fn accuracy(
                 of(&held, false),
                 of(assumed, true),
                 of(assumed, false),
+                of(built_in, true),
+                of(built_in, false),
             ]
         })
         .collect();
-    let row = |name: String, r: &[Vec<f64>; 6]| ModuleAccuracy {
+    let row = |name: String, r: &[Vec<f64>; 8]| ModuleAccuracy {
         module: name,
         in_sample_dp1: FitQuality::of(&r[0]),
         in_sample: FitQuality::of(&r[1]),
@@ -427,13 +436,15 @@ pub fn accuracy(
         held_out: FitQuality::of(&r[3]),
         assumed_dp1: FitQuality::of(&r[4]),
         assumed: FitQuality::of(&r[5]),
+        built_in_dp1: FitQuality::of(&r[6]),
+        built_in: FitQuality::of(&r[7]),
     };
     let mut rows: Vec<ModuleAccuracy> = modules
         .iter()
         .zip(&per_module)
         .map(|(&m, r)| row(target.model.modules[m].name.clone(), r))
         .collect();
-    let pooled: [Vec<f64>; 6] =
+    let pooled: [Vec<f64>; 8] =
         std::array::from_fn(|k| per_module.iter().flat_map(|r| r[k].clone()).collect());
     rows.push(row("all".into(), &pooled));
     rows
@@ -537,7 +548,14 @@ mod tests {
         let (m, c) = (model("clip").unwrap(), cluster("h100x8").unwrap());
         let target = clip_target(&m, &c);
         let d = Calibration::default();
-        let rows = accuracy(&target, &d, &Calibration::assumed(), &d, &FreeConstant::ALL);
+        let rows = accuracy(
+            &target,
+            &d,
+            &Calibration::assumed(),
+            &d,
+            &d,
+            &FreeConstant::ALL,
+        );
         assert_eq!(rows.len(), 4);
         let all = rows.last().unwrap();
         assert_eq!(all.module, "all");

@@ -94,7 +94,14 @@ pub fn run(args: Args) -> Result<()> {
         },
         error: target.quality(&fitted, |_| true),
     };
-    let rows = accuracy(&target, &fitted, &Calibration::assumed(), &start, &free);
+    let rows = accuracy(
+        &target,
+        &fitted,
+        &Calibration::assumed(),
+        &Calibration::default(),
+        &start,
+        &free,
+    );
     if let Some(out) = &args.out {
         let json = serde_json::to_string_pretty(&file)? + "\n";
         std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
@@ -136,33 +143,38 @@ fn render(file: &CalibrationFile, rows: &[ModuleAccuracy]) -> String {
     let _ = writeln!(s, "mean (max) relative error, %:");
     let _ = writeln!(
         s,
-        "{:<8} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14}",
+        "{:<8} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14}",
         "module",
         "fit dp1",
         "fit all dp",
         "held-out dp1",
         "held-out all",
         "assumed dp1",
-        "assumed all"
+        "assumed all",
+        "built-in dp1",
+        "built-in all"
     );
     let cell = |q: &FitQuality| format!("{:.1} ({:.0})", 100.0 * q.mean_rel, 100.0 * q.max_rel);
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<8} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14}",
+            "{:<8} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14}",
             r.module,
             cell(&r.in_sample_dp1),
             cell(&r.in_sample),
             cell(&r.held_out_dp1),
             cell(&r.held_out),
             cell(&r.assumed_dp1),
-            cell(&r.assumed)
+            cell(&r.assumed),
+            cell(&r.built_in_dp1),
+            cell(&r.built_in)
         );
     }
     let _ = writeln!(
         s,
         "held-out: fitted on the other modules, predicting this one; assumed: the constants \
-         before calibration"
+         before calibration; built-in: the default constants (the fit to \
+         examples/h100-clip-profile.json), as `mosaic profile` uses them"
     );
     s
 }
