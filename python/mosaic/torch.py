@@ -938,7 +938,7 @@ def profile(modules: Mapping[str, Any],
                     su, bu = util if util is not None else (1.0, 0.0)
                     samples.append({"dp": dp, "sm": sm_fraction(slot.sms, total),
                                     "time_ms": max(round(ms, 4), 1e-4),
-                                    "mem_gib": round(max(0, peak - base) / GIB, 4),
+                                    "mem_gib": round(max(0, peak - base) / GIB, 6),
                                     "sm_util": round(su, 4), "bw_util": round(bu, 4)})
                     _log(verbose, f"{name} batch {b} (dp {dp}) on {slot.sms}/{total} SMs: "
                                   f"{ms:.3f} ms")
