@@ -244,7 +244,6 @@ fn train(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The built-in model, on the user's tensors with `--data`.
 /// What `args` build the model from.
 fn recipe(args: &RunArgs) -> Recipe {
     Recipe {
@@ -253,6 +252,7 @@ fn recipe(args: &RunArgs) -> Recipe {
     }
 }
 
+/// The built-in model, on the user's tensors with `--data`.
 fn load_model(args: &RunArgs) -> Result<Model> {
     let mut model = models::build_placed(&recipe(args), &|_| Device::Cpu).map_err(engine)?;
     if let Some(path) = &args.data {

@@ -82,14 +82,12 @@ impl Recipe {
     /// (width 1024) trains at 9.4e-5. Measured on an H200 (README): real-size CLIP at 3e-3
     /// fell to chance (ln 16) by step 6 and stayed; at 1e-4 its loss went 2.76 → 2.18 in 7 steps.
     pub fn default_lr(&self) -> f64 {
-        const TINY_LR: f64 = 3e-3;
         const TINY_WIDTH: f64 = 32.0;
-        let name = self.name.to_ascii_lowercase();
-        match zoo::widest(&name, self.size) {
-            Ok(width) if !is_tiny(&name) && width as f64 > TINY_WIDTH => {
-                TINY_LR * TINY_WIDTH / width as f64
-            }
-            _ => TINY_LR,
+        let tiny_lr = crate::runtime::optim::AdamWConfig::default().lr;
+        // The tiny models are not in the zoo: `widest` refuses them.
+        match zoo::widest(&self.name.to_ascii_lowercase(), self.size) {
+            Ok(width) if width as f64 > TINY_WIDTH => tiny_lr * TINY_WIDTH / width as f64,
+            _ => tiny_lr,
         }
     }
 
