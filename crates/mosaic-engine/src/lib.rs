@@ -59,6 +59,8 @@
 #![warn(missing_docs)]
 
 mod error;
+#[cfg(mosaic_gpu)]
+mod kernels;
 pub mod measure;
 pub mod models;
 pub mod runtime;

@@ -23,6 +23,17 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     }
 }
 
+/// How far `a` is from the reference `b`: the largest |a − b| over the largest |b| (infinite
+/// when their lengths differ), the measure the GPU checks hold against their bounds.
+pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale
+}
+
 /// The high median of `xs`: the value at index `n / 2` of the sorted values (the middle one
 /// when `n` is odd, the larger of the two middle ones when it is even), so always one of the
 /// inputs; `None` when `xs` is empty.
@@ -33,6 +44,13 @@ pub fn median_high(xs: &[f64]) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn relative_error_is_over_the_references_largest_value() {
+        assert_eq!(relative_error(&[1.0, 2.5], &[1.0, 2.0]), 0.25);
+        assert_eq!(relative_error(&[0.0], &[0.0]), 0.0);
+        assert_eq!(relative_error(&[1.0], &[1.0, 2.0]), f32::INFINITY);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

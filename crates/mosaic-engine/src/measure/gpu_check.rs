@@ -204,6 +204,7 @@ mod compute {
 
     use candle_core::{DType, Device, Tensor};
     use mosaic_kit::rng::SplitMix64;
+    use mosaic_kit::stats::relative_error as rel_err;
 
     use super::{Checks, GpuCheck, Outcome};
     use crate::models::nn::{to_f32s, Block, BlockDims, ParamBuilder};
@@ -252,10 +253,21 @@ mod compute {
             }
         }
         out.push(outcome("fused AdamW", || adamw(device)));
+        out.push(outcome("fused attention", || attention(device)));
         out.push(outcome("SM confinement", || confinement(device)));
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
+    }
+
+    /// The fused attention kernels against composed attention, and both timed
+    /// ([`crate::models::flash::check`]), on the whole GPU.
+    fn attention(device: &GpuDevice) -> Res<(bool, String)> {
+        let slot = slot(device, "attention", 1.0)?;
+        // SAFETY: the device and its tensors are dropped at the end of this function, before
+        // the slot, all on this thread.
+        let dev = unsafe { slot.candle_device(Binding::Primary)? };
+        crate::models::flash::check::check(&dev).map_err(tensor)
     }
 
     /// `mosaic measure colocations --device cuda` in small: two colocations of clip-tiny at
@@ -381,17 +393,6 @@ mod compute {
                     .unwrap_or_else(|| "a panic".into());
                 GpuCheck::new(name, Outcome::Fail, format!("panicked: {why}"))
             }
-        }
-    }
-
-    /// Largest |a − b| over the largest |b| (1 if all b are 0).
-    fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        if a.len() == b.len() {
-            diff / scale
-        } else {
-            f32::INFINITY
         }
     }
 

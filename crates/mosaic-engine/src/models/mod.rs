@@ -13,6 +13,7 @@
 
 mod clip;
 pub mod data;
+pub mod flash;
 pub mod grad_op;
 pub mod model;
 pub mod nn;

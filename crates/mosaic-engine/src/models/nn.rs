@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Result, Tensor, Var, D};
 
 use mosaic_kit::rng::SplitMix64;
 
+use super::flash;
 use super::grad_op::{with_backward, with_backward3, Grads3};
 
 /// A module's trainable parameters, in creation order (the order of checkpoints and of the
@@ -301,10 +302,7 @@ impl Attention {
                 return Ok(m.clone());
             }
         }
-        let mask: Vec<f32> = (0..t)
-            .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
-            .collect();
-        let mask = Tensor::from_vec(mask, (t, t), device)?.to_dtype(dtype)?;
+        let mask = causal_mask(t, dtype, device)?;
         *cached = Some(mask.clone());
         Ok(mask)
     }
@@ -334,22 +332,50 @@ impl Attention {
         let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?.to_dtype(dtype)?;
         let k = qkv.get(1)?.to_dtype(dtype)?.contiguous()?;
         let v = qkv.get(2)?.to_dtype(dtype)?.contiguous()?;
-        let mut scores = q.contiguous()?.matmul(&k.t()?)?;
-        if self.causal {
-            scores = scores.broadcast_add(&self.causal_mask(t, dtype, x.device())?)?;
-        }
-        if let Some(mask) = mask {
-            scores = scores.broadcast_add(&mask.to_dtype(dtype)?)?;
-        }
-        // It subtracts the row maximum, so masked scores underflow to weights of exactly 0.
-        let weights = softmax(&scores)?;
-        let y = weights
-            .matmul(&v)? // [b, heads, t, hd]
+        let fused = match mask {
+            None => flash::attention(&q, &k, &v, self.causal)?,
+            Some(_) => None,
+        };
+        let y = match fused {
+            Some(y) => y,
+            None if self.causal => {
+                let causal = self.causal_mask(t, dtype, x.device())?;
+                composed_attention(&q, &k, &v, &[Some(&causal), mask])?
+            }
+            None => composed_attention(&q, &k, &v, &[mask])?,
+        };
+        let y = y // [b, heads, t, hd]
             .to_dtype(DType::F32)?
             .transpose(1, 2)?
             .reshape((b, t, dim))?;
         self.out.forward(&y)
     }
+}
+
+/// The additive causal mask `[t, t]` in `dtype` on `device`: [`MASKED`] above the diagonal.
+pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..t).map(move |j| if j > i { MASKED } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(mask, (t, t), device)?.to_dtype(dtype)
+}
+
+/// `softmax(q kᵀ + Σ masks) · v` composed of candle ops, `[b, heads, t, hd]` in and out (q
+/// already scaled): two batched products around the fused [`softmax`], the `t × t` scores
+/// materialised — what [`flash`]'s kernels avoid, and are checked against. Each mask is
+/// additive and broadcasts to the scores.
+pub fn composed_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    masks: &[Option<&Tensor>],
+) -> Result<Tensor> {
+    let mut scores = q.contiguous()?.matmul(&k.t()?)?;
+    for mask in masks.iter().flatten() {
+        scores = scores.broadcast_add(&mask.to_dtype(q.dtype())?)?;
+    }
+    // It subtracts the row maximum, so masked scores underflow to weights of exactly 0.
+    softmax(&scores)?.matmul(v)
 }
 
 /// Softmax over the last dimension: candle's fused kernel (one pass; on a GPU it accumulates

@@ -4,11 +4,10 @@
 //! updated in place, on the stream of the parameter's device (its slot's), after the work that
 //! made the gradient.
 
-use candle_core::{bail, DType, Device, Result, Storage, Tensor};
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::{bail, DType, Device, Result, Tensor};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// The kernel's PTX.
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
+use crate::kernels::{address, ADAMW_PTX};
 /// Threads per block.
 const THREADS: u32 = 256;
 /// At most this many blocks (a grid-stride loop covers the rest).
@@ -61,21 +60,12 @@ pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalar
     if n == 0 {
         return Ok(());
     }
-    let func = dev.get_or_load_custom_func("mosaic_adamw_f32", "mosaic_adamw", PTX)?;
+    let func = dev.get_or_load_custom_func("mosaic_adamw_f32", "mosaic_adamw", ADAMW_PTX)?;
     let stream = dev.cuda_stream();
-    // Device addresses of the four tensors' first elements. The kernel writes through the
-    // first three: the optimizer owns the moments, and a parameter is written in place just as
-    // `Var::set` does. Every tensor outlives this call and is freed in stream order, after
-    // the kernel.
-    let address = |t: &Tensor| -> Result<u64> {
-        let (storage, layout) = t.storage_and_layout();
-        let Storage::Cuda(storage) = &*storage else {
-            bail!("AdamW: a tensor is not on the GPU")
-        };
-        let (base, _recorded) = storage.as_cuda_slice::<f32>()?.device_ptr(&stream);
-        Ok(base + (layout.start_offset() * std::mem::size_of::<f32>()) as u64)
-    };
-    let (theta_at, m_at, v_at, g_at) = (address(theta)?, address(m)?, address(v)?, address(&g)?);
+    // The kernel writes through the first three addresses: the optimizer owns the moments, and
+    // a parameter is written in place just as `Var::set` does. Every tensor outlives this call.
+    let at = |t: &Tensor| address(t, &stream);
+    let (theta_at, m_at, v_at, g_at) = (at(theta)?, at(m)?, at(v)?, at(&g)?);
     let blocks = n.div_ceil(THREADS as usize).min(MAX_BLOCKS as usize) as u32;
     let config = LaunchConfig {
         grid_dim: (blocks, 1, 1),

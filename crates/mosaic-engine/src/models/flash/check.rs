@@ -1,0 +1,106 @@
+//! `mosaic check gpu`'s row for the fused attention: the kernels against attention composed of
+//! candle ops, then both timed at a real module's shape.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use mosaic_kit::rng::SplitMix64;
+use mosaic_kit::stats::{median, relative_error as rel_err};
+
+use crate::models::nn::{causal_mask, composed_attention, to_f32s};
+
+/// `(batch, heads, tokens, head dim)` and causality of the accuracy cases: head dimensions of
+/// the zoo's encoders (48: ImageBind depth, 64, 80: ImageBind vision), tokens past a tile.
+const CASES: [((usize, usize, usize, usize), bool); 3] = [
+    ((2, 4, 200, 64), true),
+    ((1, 2, 130, 80), false),
+    ((2, 2, 77, 48), true),
+];
+
+/// The timed shape: CLIP ViT-L/14's vision tower in the zoo (batch 16, 16 heads, 1297
+/// tokens, 64 a head).
+const TIMED: (usize, usize, usize, usize) = (16, 16, 1297, 64);
+
+/// Bound on the largest error over the largest value, output and gradients: bf16 products.
+const BOUND: f32 = 3e-2;
+
+/// The kernels on `dev` (a CUDA device) against attention composed in f32 from the same bf16
+/// inputs, output and the gradients of q, k and v; then forward and backward timed both ways
+/// in bf16 at [`TIMED`]. Passes when every error is within [`BOUND`] and the kernels are the
+/// faster.
+pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
+    let mut worst = 0f32;
+    for (shape, causal) in CASES {
+        let fused = run(dev, shape, causal, true)?;
+        let composed = run(dev, shape, causal, false)?;
+        for (f, c) in fused.iter().zip(&composed) {
+            worst = worst.max(rel_err(&to_f32s(f)?, &to_f32s(c)?));
+        }
+    }
+    let time = |fused: bool| -> Result<f64> {
+        let mut ms = Vec::new();
+        for _ in 0..4 {
+            let t = Instant::now();
+            run(dev, TIMED, false, fused)?;
+            dev.synchronize()?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(median(&ms[1..]).unwrap_or(f64::NAN))
+    };
+    let (fused_ms, composed_ms) = (time(true)?, time(false)?);
+    let (b, h, t, d) = TIMED;
+    Ok((
+        worst < BOUND && fused_ms < composed_ms,
+        format!(
+            "largest error {worst:.1e} over {} cases (bound {BOUND:.0e}); forward and backward \
+             at {b}×{h} heads × {t} tokens × {d}: {fused_ms:.1} ms fused, {composed_ms:.1} ms \
+             composed ({:.1}×)",
+            CASES.len(),
+            composed_ms / fused_ms
+        ),
+    ))
+}
+
+/// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16) and the gradients of
+/// Σ y·w: `[y, dq, dk, dv]`. Fused, in bf16; or composed, in f32 for the accuracy cases and
+/// bf16 at [`TIMED`] (the form the layer would otherwise run).
+fn run(
+    dev: &Device,
+    shape: (usize, usize, usize, usize),
+    causal: bool,
+    fused: bool,
+) -> Result<Vec<Tensor>> {
+    let (_, _, t, d) = shape;
+    let n = shape.0 * shape.1 * t * d;
+    let dtype = if fused || shape == TIMED {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let draw = |seed: u64, std: f64| -> Result<Var> {
+        let x = Tensor::from_vec(SplitMix64::new(seed).normals(n, std), shape, dev)?;
+        Var::from_tensor(&x.to_dtype(DType::BF16)?.to_dtype(dtype)?)
+    };
+    let (q, k, v) = (
+        draw(1, (d as f64).powf(-0.5))?,
+        draw(2, 1.0)?,
+        draw(3, 1.0)?,
+    );
+    let w = Tensor::from_vec(SplitMix64::new(4).normals(n, 1.0), shape, dev)?;
+    let y = if fused {
+        super::attention(&q, &k, &v, causal)?
+            .ok_or_else(|| candle_core::Error::Msg("the fused kernels did not run".into()))?
+    } else {
+        let mask = causal.then(|| causal_mask(t, dtype, dev)).transpose()?;
+        composed_attention(&q, &k, &v, &[mask.as_ref()])?
+    };
+    let grads = (y.to_dtype(DType::F32)? * w)?.sum_all()?.backward()?;
+    let mut out = vec![y];
+    for x in [&q, &k, &v] {
+        let g = grads
+            .get(x.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("an input got no gradient".into()))?;
+        out.push(g.clone());
+    }
+    Ok(out)
+}
