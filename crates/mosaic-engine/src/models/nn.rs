@@ -154,15 +154,24 @@ impl Linear {
         })
     }
 
-    /// Applies the layer.
+    /// Applies the layer; the result in f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_in_compute(x)?.to_dtype(DType::F32)
+    }
+
+    /// Applies the layer, the result in the products' dtype (bf16 on a GPU), the bias added
+    /// in it, as autocast's `Linear` returns it: the form for layers whose consumer is another
+    /// product or an elementwise op that keeps the dtype, which so skip an f32 copy of it
+    /// (three passes over an f32 tensor where this takes one over a bf16 one).
+    pub fn forward_in_compute(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims();
         let inputs = dims[dims.len() - 1];
         let rows = x.elem_count() / inputs;
         let mut out_shape = dims.to_vec();
         *out_shape.last_mut().unwrap() = self.weight.dim(0)?;
-        matmul_in(&x.reshape((rows, inputs))?, &self.weight.t()?, self.compute)?
-            .broadcast_add(&self.bias)?
+        let x = x.reshape((rows, inputs))?.to_dtype(self.compute)?;
+        x.matmul(&self.weight.to_dtype(self.compute)?.t()?)?
+            .broadcast_add(&self.bias.to_dtype(self.compute)?)?
             .reshape(out_shape)
     }
 }
@@ -319,19 +328,18 @@ impl Attention {
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t, dim) = x.dims3()?;
         let hd = dim / self.heads;
+        // Everything from the projection to the output stays in the products' dtype (bf16 on
+        // a GPU): the score matrices, where materialised, are the largest tensors of the step,
+        // and a bf16 product's f32 copy would carry no more precision. The scale goes on q.
+        let dtype = self.qkv.compute;
         let qkv = self
             .qkv
-            .forward(x)?
+            .forward_in_compute(x)?
             .reshape((b, t, 3, self.heads, hd))?
             .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
-
-        // Scores, probabilities and their product with the values stay in the products'
-        // dtype (bf16 on a GPU): the score matrices are the largest tensors of the step, and
-        // a bf16 product's f32 copy would carry no more precision. The scale goes on q.
-        let dtype = self.qkv.compute;
-        let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?.to_dtype(dtype)?;
-        let k = qkv.get(1)?.to_dtype(dtype)?.contiguous()?;
-        let v = qkv.get(2)?.to_dtype(dtype)?.contiguous()?;
+        let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
         let fused = match mask {
             None => flash::attention(&q, &k, &v, self.causal)?,
             Some(_) => None,
@@ -344,11 +352,8 @@ impl Attention {
             }
             None => composed_attention(&q, &k, &v, &[mask])?,
         };
-        let y = y // [b, heads, t, hd]
-            .to_dtype(DType::F32)?
-            .transpose(1, 2)?
-            .reshape((b, t, dim))?;
-        self.out.forward(&y)
+        let y = y.transpose(1, 2)?.reshape((b, t, dim))?; // from [b, heads, t, hd]
+        self.out.forward_in_compute(&y)?.to_dtype(DType::F32)
     }
 }
 
@@ -473,10 +478,16 @@ impl Block {
 
     /// `x`: `[batch, tokens, dim]` with an additive attention mask (see
     /// [`Attention::forward_masked`]).
+    ///
+    /// The residual stream and the norms run in f32; the MLP's hidden activations stay in the
+    /// products' dtype (bf16 on a GPU, as under autocast), its GELU too.
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let x = (x + self.attn.forward_masked(&self.ln1.forward(x)?, mask)?)?;
-        let h = self.fc1.forward(&self.ln2.forward(&x)?)?.gelu()?;
-        &x + self.fc2.forward(&h)?
+        let h = self
+            .fc1
+            .forward_in_compute(&self.ln2.forward(&x)?)?
+            .gelu()?;
+        &x + self.fc2.forward_in_compute(&h)?.to_dtype(DType::F32)?
     }
 }
 
@@ -620,6 +631,35 @@ mod tests {
             let out = values(&a.forward_masked(&x, Some(&full)).unwrap());
             assert!(out.iter().all(|v| v.is_finite()));
         }
+    }
+
+    #[test]
+    fn a_block_with_bf16_products_keeps_f32_out_and_stays_near_the_f32_block() {
+        let dims = BlockDims {
+            dim: 32,
+            heads: 2,
+            mlp: 64,
+            layers: 1,
+        };
+        let v = SplitMix64::new(6).normals(2 * 5 * 32, 1.0);
+        let x = Tensor::from_vec(v, (2, 5, 32), &Device::Cpu).unwrap();
+        let run = |dtype| {
+            let mut pb = ParamBuilder::new(SplitMix64::new(5), &Device::Cpu).computing_in(dtype);
+            let block = Block::new(&mut pb, "b", dims, true).unwrap();
+            let params = pb.finish();
+            let y = block.forward(&x).unwrap();
+            assert_eq!(y.dtype(), DType::F32, "the residual stream stays f32");
+            let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, var) in params.iter() {
+                let g = to_f32s(grads.get(var.as_tensor()).unwrap()).unwrap();
+                assert!(g.iter().all(|v| v.is_finite()), "{name}");
+                assert!(g.iter().any(|&v| v != 0.0), "{name} got no gradient");
+            }
+            values(&y)
+        };
+        let (bf16, f32) = (run(DType::BF16), run(DType::F32));
+        let err = mosaic_kit::stats::relative_error(&bf16, &f32);
+        assert!(err < 3e-2, "bf16 products off by {err}");
     }
 
     #[test]
