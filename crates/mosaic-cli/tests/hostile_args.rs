@@ -639,7 +639,7 @@ fn train_and_data_refuse_hostile_arguments() {
 
 #[cfg(feature = "engine")]
 #[test]
-fn check_and_bench_engine_refuse_hostile_arguments() {
+fn check_and_bench_engine_and_block_refuse_hostile_arguments() {
     let f = Files::new("check");
     let mut c = Cases::default();
     // No GPU here: the check skips saying why (exit 0) for any device number it accepts.
@@ -666,6 +666,23 @@ fn check_and_bench_engine_refuse_hostile_arguments() {
     c.refuse(&format!("{bench} --models=''"), "--models");
     c.refuse(&format!("{bench} --device=tpu"), "--device");
     c.refuse(&format!("{bench} --cluster=nope"), "--cluster");
+    let block = "bench block --device cpu --size 0.05 --reps 1 --batch 1";
+    c.accept(block);
+    c.numbers("bench block --device cpu --reps 1 --batch 1", "--size", &[]);
+    c.numbers(
+        "bench block --device cpu --size 0.05 --batch 1",
+        "--reps",
+        &[],
+    );
+    c.numbers(
+        "bench block --device cpu --size 0.05 --reps 1",
+        "--batch",
+        &[],
+    );
+    c.refuse(&format!("{block} --reps=1001"), "--reps");
+    c.refuse(&format!("{block} --batch=4097"), "--batch");
+    c.refuse(&format!("{block} --model=''"), "--model");
+    c.refuse(&format!("{block} --module=''"), "--module");
     c.check(&f);
 }
 

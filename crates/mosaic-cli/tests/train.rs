@@ -276,6 +276,52 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
     ]);
 }
 
+#[test]
+fn bench_block_times_every_piece_of_a_block() {
+    let o = mosaic_line(
+        "bench block --model clip --module text --size 0.05 --batch 2 --device cpu --reps 1",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("clip text block at batch 2: 102 tokens (causal), width 4, heads 1"),
+        "{out}"
+    );
+    for piece in [
+        "layer norm",
+        "qkv projection",
+        "attention, composed",
+        "MLP",
+        "block",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(piece)),
+            "{piece} missing:\n{out}"
+        );
+    }
+    let o = mosaic_line("bench block --module depth --model imagebind --size 0.05 --batch 1 --device cpu --reps 1 --json");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect();
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows[5]["piece"], "block");
+    assert!(rows[5]["step_ms"].as_f64().unwrap() >= rows[5]["forward_ms"].as_f64().unwrap());
+    assert!(rows[0]["tflops"].is_null() && rows[5]["tflops"].as_f64().unwrap() > 0.0);
+    refused(&[
+        (
+            "bench block --device cpu --module audio",
+            "\"audio\"; its encoders: vision, text",
+        ),
+        ("bench block --device cpu --model nope", "--model \"nope\""),
+        ("bench block --device cpu --size 0", "--size"),
+        ("bench block --device cpu --reps 0", "--reps"),
+        ("bench block --device cpu --batch 0", "--batch"),
+        ("bench block --device tpu", "--device"),
+    ]);
+}
+
 /// Where no GPU can run (a CPU build here), `--device cuda` is refused before training, saying
 /// how to get the GPU build, and `mosaic check gpu` skips every check saying why.
 #[test]
@@ -306,6 +352,10 @@ fn gpu_paths_say_why_they_cannot_run_here() {
         .all(|c| c["outcome"] == "skip" || c["outcome"] == "pass"));
     let o = mosaic(&["check", "gpu", "--device", "5000"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    let o = mosaic_line("bench block --size 0.05 --reps 1");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("scripts/cuda-cargo"), "{}", stderr(&o));
 }
 
 #[test]

@@ -26,9 +26,12 @@
 //!   ([`measure_preprocess`], DistTrain's Fig. 21; see [`crate::runtime::feed`]).
 //! - `slots`: the slot pool's benchmark, pooled against on-demand slots ([`bench_slots`],
 //!   [`matmul_in_slots`]; on a GPU, [`bench_gpu_slots`], whose CUDA part is `gpu_slots`).
+//! - `block`: one transformer block of a zoo encoder, piece by piece, forward and backward
+//!   ([`time_block`], `mosaic bench block`).
 //! - `gpu_check`: every GPU path of the engine, pass or fail with its figure ([`check_gpu`],
 //!   `mosaic check gpu`).
 
+mod block;
 mod bytes;
 mod colocate;
 mod files;
@@ -46,6 +49,7 @@ mod profiler;
 mod slots;
 mod sweep;
 
+pub use block::{time_block, PieceTime};
 #[cfg(test)]
 pub(crate) use bytes::tape_bytes;
 pub use bytes::{bytes_moved, Memory};

@@ -269,6 +269,34 @@ pub fn widest(name: &str, size: f64) -> Result<usize> {
         .unwrap_or(0))
 }
 
+/// One transformer block of the zoo model `name`'s encoder `module` at size `size`: its
+/// dimensions (`layers` as in the whole encoder), the tokens it runs over and whether its
+/// attention is causal.
+pub fn encoder_block(
+    name: &str,
+    module: &str,
+    size: f64,
+) -> std::result::Result<(BlockDims, usize, bool), String> {
+    let spec = mosaic_zoo::model(name).map_err(|e| e.to_string())?;
+    let encoders: Vec<_> = (spec.modules.iter())
+        .filter(|m| m.role == Role::Encoder)
+        .collect();
+    match encoders.iter().find(|m| m.name == module) {
+        Some(m) => {
+            let shape = Shape::of(m, size);
+            Ok((shape.dims, shape.tokens, shape.causal))
+        }
+        None => Err(format!(
+            "{name} has no encoder \"{module}\"; its encoders: {}",
+            encoders
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// Builds the zoo model `name` (`clip` or `imagebind`) at size `size`, parameters and data
 /// from `seed`, each module's parameters on `place(module)`, its products in bf16 there if that
 /// is a GPU.

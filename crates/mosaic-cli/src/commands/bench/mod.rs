@@ -15,6 +15,8 @@ use mosaic_plan::synthetic::{random_profiles, zoo_shaped_profiles};
 use mosaic_plan::{solve, Plan, Search, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
 
+#[cfg(feature = "engine")]
+mod block;
 mod data;
 #[cfg(feature = "engine")]
 mod engine;
@@ -41,6 +43,12 @@ enum Verb {
     /// GPU build, or --device cpu).
     #[cfg(feature = "engine")]
     Engine(engine::Args),
+    /// Where a transformer block's step goes: one block of a zoo encoder, each piece (norm,
+    /// projections, attention fused and composed, MLP) timed forward and backward on the
+    /// device, with its products' throughput (needs the engine feature; a GPU with the GPU
+    /// build, or --device cpu).
+    #[cfg(feature = "engine")]
+    Block(block::Args),
 }
 
 /// Runs `mosaic bench`.
@@ -49,6 +57,8 @@ pub fn run(args: Args) -> Result<()> {
         Some(Verb::Data(a)) => data::run(&a),
         #[cfg(feature = "engine")]
         Some(Verb::Engine(a)) => engine::run(&a),
+        #[cfg(feature = "engine")]
+        Some(Verb::Block(a)) => block::run(&a),
         None => run_plans(args.plan),
     }
 }

@@ -1,0 +1,110 @@
+//! `mosaic bench block`: where a transformer block's step goes. One block of a zoo encoder at
+//! its real shape on the device present, and each piece of it alone — norm, projections,
+//! attention (fused where the device has the kernels, and composed), MLP — timed forward and
+//! forward + backward, with the products' throughput and each piece's share of the block.
+
+use anyhow::Result;
+use mosaic_engine::measure::{time_block, PieceTime};
+use mosaic_engine::models::zoo::encoder_block;
+use mosaic_engine::Compute;
+
+use crate::commands::engine::{engine, one_process, pin_candle_threads, size_factor};
+use crate::input::BadInput;
+
+/// Arguments of `mosaic bench block`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The zoo model (`mosaic zoo`).
+    #[arg(long, default_value = "clip")]
+    model: String,
+    /// Its encoder whose block is timed.
+    #[arg(long, default_value = "vision")]
+    module: String,
+    /// Per-GPU batch.
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    batch: usize,
+    /// Where it computes: cuda (GPU 0, every SM; the GPU build) or cpu.
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    device: String,
+    /// Scale the block down by this factor in (0, 1] (1: real size).
+    #[arg(long, default_value_t = 1.0, value_parser = size_factor)]
+    size: f64,
+    /// Timed runs of each piece, after one warm-up run; the median counts (1–1,000).
+    #[arg(long, default_value_t = 5,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    reps: usize,
+    /// One JSON object per piece per line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `mosaic bench block`.
+pub fn run(args: &Args) -> Result<()> {
+    one_process("mosaic bench block")?;
+    pin_candle_threads();
+    let (compute, products) = match args.device.as_str() {
+        "cuda" => (Compute::Cuda(0), "bf16"),
+        _ => (Compute::Cpu, "f32"),
+    };
+    let (dims, tokens, causal) =
+        encoder_block(&args.model, &args.module, args.size).map_err(|e| {
+            BadInput(format!(
+                "--model {:?} --module {:?}: {e}",
+                args.model, args.module
+            ))
+        })?;
+    let pieces = time_block(
+        &args.model,
+        &args.module,
+        args.size,
+        args.batch,
+        compute,
+        args.reps,
+    )
+    .map_err(engine)?;
+    if args.json {
+        for p in &pieces {
+            let mut line = serde_json::to_value(p)?;
+            line["tflops"] = serde_json::json!(p.tflops());
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    println!(
+        "{} {} block at batch {}: {tokens} tokens{}, width {}, heads {}, MLP {}; {} products on \
+         {}; medians of {} runs",
+        args.model,
+        args.module,
+        args.batch,
+        if causal { " (causal)" } else { "" },
+        dims.dim,
+        dims.heads,
+        dims.mlp,
+        products,
+        args.device,
+        args.reps
+    );
+    print!("{}", table(&pieces));
+    Ok(())
+}
+
+/// The pieces as a table: times, share of the block's forward + backward, throughput.
+fn table(pieces: &[PieceTime]) -> String {
+    let block_ms = pieces.last().map_or(f64::NAN, |p| p.step_ms);
+    let mut out = format!(
+        "{:<22} {:>11} {:>11} {:>7} {:>8}\n",
+        "piece", "forward ms", "fwd+bwd ms", "share", "TFLOP/s"
+    );
+    for p in pieces {
+        out += &format!(
+            "{:<22} {:>11.3} {:>11.3} {:>6.0}% {:>8}\n",
+            p.piece,
+            p.forward_ms,
+            p.step_ms,
+            100.0 * p.step_ms / block_ms,
+            p.tflops().map_or("—".into(), |t| format!("{t:.1}"))
+        );
+    }
+    out
+}

@@ -1,0 +1,257 @@
+//! Where a transformer block's step goes (`mosaic bench block`): one block of a zoo encoder at
+//! its real shape, and each of its pieces alone — the norm, the three projections, attention
+//! (fused where the device has the kernels, and composed), the MLP — timed forward and
+//! forward + backward on the device, with the products' throughput. What the engine's step
+//! times (`train --json-log`) cannot say: which piece is slow, and against what.
+//!
+//! A piece's time runs from a synchronised device to a synchronised device; its backward pass
+//! starts from Σ y (an all-ones gradient, one kernel of its own). The median of `reps` runs
+//! after one warm-up run counts.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use mosaic_kit::rng::SplitMix64;
+use mosaic_kit::stats::median;
+
+use crate::error::EngineError;
+use crate::models::flash;
+use crate::models::nn::{
+    causal_mask, composed_attention, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
+};
+use crate::models::zoo::encoder_block;
+use crate::runtime::trainer::Compute;
+
+/// One piece of a block, timed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PieceTime {
+    /// What was timed.
+    pub piece: &'static str,
+    /// Median forward time, ms.
+    pub forward_ms: f64,
+    /// Median forward + backward time, ms.
+    pub step_ms: f64,
+    /// Floating-point operations of its products in the forward pass (0 for a piece without
+    /// products); forward and backward take three times as many.
+    pub flop: f64,
+}
+
+impl PieceTime {
+    /// Throughput of its products over forward and backward, TFLOP/s (`None` without
+    /// products).
+    pub fn tflops(&self) -> Option<f64> {
+        (self.flop > 0.0).then(|| 3.0 * self.flop / (self.step_ms * 1e9))
+    }
+}
+
+/// The block of `model`'s encoder `module` at `size` on `compute`'s device at per-GPU batch
+/// `batch` (products in bf16 on a GPU, f32 on the CPU): every piece, then the whole block.
+pub fn time_block(
+    model: &str,
+    module: &str,
+    size: f64,
+    batch: usize,
+    compute: Compute,
+    reps: usize,
+) -> std::result::Result<Vec<PieceTime>, EngineError> {
+    let (dims, tokens, causal) =
+        encoder_block(model, module, size).map_err(|message| EngineError::BadSetting {
+            setting: "--module".into(),
+            message,
+        })?;
+    let tensor = EngineError::tensor("bench block");
+    match compute {
+        Compute::Cpu => {
+            time_pieces(&Device::Cpu, DType::F32, dims, tokens, causal, batch, reps).map_err(tensor)
+        }
+        Compute::Cuda(ordinal) => on_gpu(ordinal, |dev| {
+            time_pieces(dev, DType::BF16, dims, tokens, causal, batch, reps).map_err(tensor)
+        }),
+    }
+}
+
+/// `f` with a candle device on every SM of CUDA device `ordinal`.
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+fn on_gpu<T>(
+    ordinal: usize,
+    f: impl FnOnce(&Device) -> std::result::Result<T, EngineError>,
+) -> std::result::Result<T, EngineError> {
+    use crate::runtime::slot::cuda::{Binding, GpuDevice};
+    let gpu = GpuDevice::open(ordinal)?;
+    let slot = gpu.create_slot("block", 1.0)?;
+    // SAFETY: the device and every tensor on it are dropped inside `f`, before the slot, on
+    // this thread.
+    let dev = unsafe { slot.candle_device(Binding::Primary)? };
+    f(&dev)
+}
+
+/// The error of a build without GPU compute.
+#[cfg(not(all(feature = "cuda", mosaic_gpu)))]
+fn on_gpu<T>(
+    ordinal: usize,
+    _f: impl FnOnce(&Device) -> std::result::Result<T, EngineError>,
+) -> std::result::Result<T, EngineError> {
+    Err(crate::runtime::on_gpu::needs_gpu_build(&format!(
+        "timing a block on CUDA device {ordinal}"
+    )))
+}
+
+/// A piece: its name, the flop of its forward products, and its forward pass.
+type Piece<'a> = (&'static str, f64, Box<dyn Fn() -> Result<Tensor> + 'a>);
+
+fn time_pieces(
+    dev: &Device,
+    dtype: DType,
+    dims: BlockDims,
+    tokens: usize,
+    causal: bool,
+    batch: usize,
+    reps: usize,
+) -> Result<Vec<PieceTime>> {
+    let (dim, heads, mlp) = (dims.dim, dims.heads, dims.mlp);
+    let hd = dim / heads;
+    let mut pb = ParamBuilder::new(SplitMix64::new(1), dev).computing_in(dtype);
+    let ln = LayerNorm::new(&mut pb, "ln", dim)?;
+    let qkv = Linear::new(&mut pb, "qkv", dim, 3 * dim)?;
+    let out = Linear::new(&mut pb, "out", dim, dim)?;
+    let fc1 = Linear::new(&mut pb, "fc1", dim, mlp)?;
+    let fc2 = Linear::new(&mut pb, "fc2", mlp, dim)?;
+    let block = Block::new(&mut pb, "block", dims, causal)?;
+
+    let mut seed = 10;
+    let mut var = |shape: &[usize], std: f64, dtype: DType| -> Result<Var> {
+        seed += 1;
+        let n = shape.iter().product();
+        let x = Tensor::from_vec(SplitMix64::new(seed).normals(n, std), shape, dev)?;
+        Var::from_tensor(&x.to_dtype(dtype)?)
+    };
+    let x = var(&[batch, tokens, dim], 1.0, DType::F32)?;
+    let y = var(&[batch, tokens, dim], 1.0, dtype)?;
+    let heads_shape = [batch, heads, tokens, hd];
+    let q = var(&heads_shape, (hd as f64).powf(-0.5), dtype)?;
+    let (k, v) = (
+        var(&heads_shape, 1.0, dtype)?,
+        var(&heads_shape, 1.0, dtype)?,
+    );
+    let mask = causal
+        .then(|| causal_mask(tokens, dtype, dev))
+        .transpose()?;
+
+    let rows = (batch * tokens) as f64;
+    let (dim_f, mlp_f) = (dim as f64, mlp as f64);
+    let attention_flop = 4.0 * (batch * heads * tokens * tokens * hd) as f64;
+    let projections_flop = 2.0 * rows * dim_f * 4.0 * dim_f;
+    let mlp_flop = 4.0 * rows * dim_f * mlp_f;
+    let mut pieces: Vec<Piece> = vec![
+        ("layer norm", 0.0, Box::new(|| ln.forward(&x))),
+        (
+            "qkv projection",
+            2.0 * rows * dim_f * 3.0 * dim_f,
+            Box::new(|| qkv.forward_in_compute(&x)),
+        ),
+    ];
+    if flash::attention(&q, &k, &v, causal)?.is_some() {
+        pieces.push((
+            "attention, fused",
+            attention_flop,
+            Box::new(|| {
+                flash::attention(&q, &k, &v, causal)?
+                    .ok_or_else(|| candle_core::Error::Msg("the fused kernels did not run".into()))
+            }),
+        ));
+    }
+    pieces.extend([
+        (
+            "attention, composed",
+            attention_flop,
+            Box::new(|| composed_attention(&q, &k, &v, &[mask.as_ref()])) as Box<dyn Fn() -> _>,
+        ),
+        (
+            "output projection",
+            2.0 * rows * dim_f * dim_f,
+            Box::new(|| out.forward_in_compute(&y)),
+        ),
+        (
+            "MLP",
+            mlp_flop,
+            Box::new(|| fc2.forward_in_compute(&fc1.forward_in_compute(&x)?.gelu()?)),
+        ),
+        (
+            "block",
+            projections_flop + attention_flop + mlp_flop,
+            Box::new(|| block.forward(&x)),
+        ),
+    ]);
+    pieces
+        .into_iter()
+        .map(|(piece, flop, forward)| {
+            let (forward_ms, step_ms) = time(dev, &forward, reps)?;
+            Ok(PieceTime {
+                piece,
+                forward_ms,
+                step_ms,
+                flop,
+            })
+        })
+        .collect()
+}
+
+/// Median forward and forward + backward times of `forward`, ms, over `reps` runs after one.
+fn time(dev: &Device, forward: &dyn Fn() -> Result<Tensor>, reps: usize) -> Result<(f64, f64)> {
+    let (mut forwards, mut steps) = (Vec::new(), Vec::new());
+    for run in 0..=reps {
+        dev.synchronize()?;
+        let start = Instant::now();
+        let y = forward()?;
+        dev.synchronize()?;
+        let forward_ms = start.elapsed().as_secs_f64() * 1e3;
+        let grads = y.sum_all()?.backward()?;
+        dev.synchronize()?;
+        let step_ms = start.elapsed().as_secs_f64() * 1e3;
+        drop((y, grads));
+        if run > 0 {
+            forwards.push(forward_ms);
+            steps.push(step_ms);
+        }
+    }
+    let mid = |xs: &[f64]| median(xs).unwrap_or(f64::NAN);
+    Ok((mid(&forwards), mid(&steps)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_piece_of_a_small_block_is_timed_and_the_products_counted() {
+        let rows = time_block("clip", "text", 0.05, 2, Compute::Cpu, 1).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.piece).collect();
+        assert_eq!(
+            names,
+            [
+                "layer norm",
+                "qkv projection",
+                "attention, composed",
+                "output projection",
+                "MLP",
+                "block"
+            ],
+            "no fused attention on a CPU"
+        );
+        for r in &rows {
+            assert!(r.forward_ms > 0.0 && r.step_ms >= r.forward_ms, "{r:?}");
+        }
+        assert_eq!(rows[0].tflops(), None);
+        assert!(rows[1].tflops().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn an_unknown_encoder_is_named_with_the_ones_there_are() {
+        let e = time_block("clip", "audio", 0.05, 2, Compute::Cpu, 1).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("\"audio\"") && message.contains("vision, text"),
+            "{message}"
+        );
+    }
+}
