@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The kernels, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["adamw", "attention"];
+const KERNELS: &[&str] = &["adamw", "attention", "elementwise"];
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");

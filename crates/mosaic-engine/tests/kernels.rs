@@ -42,3 +42,8 @@ fn run_harness(harness: &str) {
 fn the_fused_attention_kernels_match_attention_computed_directly() {
     run_harness("check_attention");
 }
+
+#[test]
+fn the_layer_norm_and_gelu_backward_kernels_match_their_mathematics() {
+    run_harness("check_elementwise");
+}

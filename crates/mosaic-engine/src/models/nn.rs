@@ -232,8 +232,20 @@ impl LayerNorm {
 
 /// The gradients of `y = x̂·γ + β` (x̂ = (x − μ)·r, r = 1/√(σ² + ε) over the last dimension)
 /// given `g = ∂loss/∂y`: `∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂))`, `∂γ = Σ g·x̂` and
-/// `∂β = Σ g` over the rows. μ and r are recomputed from `x`, in two passes.
+/// `∂β = Σ g` over the rows. μ and r are recomputed from `x`, in two passes. On a CUDA device,
+/// one kernel (`kernels/elementwise.cu`) where candle's ops take about twenty passes.
 fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3> {
+    #[cfg(mosaic_gpu)]
+    if x.device().is_cuda() && crate::kernels::elementwise::layer_norm_fits(x.dim(D::Minus1)?) {
+        let (dx, dgamma, dbeta) =
+            crate::kernels::elementwise::layer_norm_backward(x, gamma, g, LN_EPS)?;
+        return Ok((Some(dx.reshape(x.shape())?), Some(dgamma), Some(dbeta)));
+    }
+    layer_norm_backward_composed(x, gamma, g)
+}
+
+/// [`layer_norm_backward`] composed of candle ops: the CPU's, and the kernel's reference.
+fn layer_norm_backward_composed(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3> {
     let dim = x.dim(D::Minus1)?;
     let rows = x.elem_count() / dim;
     let x2 = x.detach().reshape((rows, dim))?;
@@ -254,6 +266,21 @@ fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3>
         .broadcast_mul(&r)?
         .reshape(x.shape())?;
     Ok((Some(d_x), Some(d_gamma), Some(d_beta)))
+}
+
+/// GELU (candle's tanh form). On a CUDA device its backward pass is one kernel of ours
+/// (`kernels/elementwise.cu`) where candle's takes sixteen elementwise ops over the MLP's
+/// hidden activations; elsewhere candle differentiates it.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    #[cfg(mosaic_gpu)]
+    if x.device().is_cuda() {
+        let y = x.detach().gelu()?;
+        let backward = |x: &Tensor, _y: &Tensor, g: &Tensor| {
+            crate::kernels::elementwise::gelu_backward(x, g).map(Some)
+        };
+        return with_backward(x, y, "gelu", Box::new(backward));
+    }
+    x.gelu()
 }
 
 /// `log softmax` over the last dimension, composed (the maximum is taken out of the graph:
@@ -483,10 +510,7 @@ impl Block {
     /// products' dtype (bf16 on a GPU, as under autocast), its GELU too.
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let x = (x + self.attn.forward_masked(&self.ln1.forward(x)?, mask)?)?;
-        let h = self
-            .fc1
-            .forward_in_compute(&self.ln2.forward(&x)?)?
-            .gelu()?;
+        let h = gelu(&self.fc1.forward_in_compute(&self.ln2.forward(&x)?)?)?;
         &x + self.fc2.forward_in_compute(&h)?.to_dtype(DType::F32)?
     }
 }

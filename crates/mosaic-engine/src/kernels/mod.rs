@@ -1,6 +1,9 @@
 //! The engine's own CUDA kernels (`kernels/*.cu`, compiled to PTX by the build script in the
-//! GPU build only): their PTX, and the device addresses their launches take. `kernels/emulated/`
+//! GPU build only): their PTX, the device addresses their launches take, and the launches of
+//! the one-pass backward passes of LayerNorm and GELU ([`elementwise`]). `kernels/emulated/`
 //! runs their source on a CPU for the tests (`tests/kernels.rs`).
+
+pub mod elementwise;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr};
 use candle_core::cuda_backend::CudaStorageSlice;
@@ -8,6 +11,9 @@ use candle_core::{bail, Result, Storage, Tensor};
 
 /// `kernels/adamw.cu`: AdamW on one parameter tensor in one pass.
 pub const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
+
+/// `kernels/elementwise.cu`: LayerNorm's and GELU's backward passes, one pass each.
+pub const ELEMENTWISE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx"));
 
 /// `kernels/attention.cu`: FlashAttention-2's forward and backward passes.
 pub const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));

@@ -1,0 +1,92 @@
+// Backward passes that candle composes of many elementwise kernels, each one pass here:
+//
+// - LayerNorm: candle's fused forward kernel has no backward pass; the engine's composed one
+//   (`models/nn.rs`, `layer_norm_backward`) takes about twenty passes over an f32 [rows, dim]
+//   tensor. Here one warp takes a row: the mean and 1/σ recomputed from x, then
+//   ∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂)) written once; ∂γ = Σ g·x̂ and ∂β = Σ g are summed
+//   over the block's rows in shared memory and written as one partial row per block, which the
+//   host sums (a [blocks, 2, dim] tensor, small).
+// - GELU (tanh form, as candle's `gelu`): candle differentiates it with sixteen elementwise ops
+//   over the MLP's hidden activations, the step's largest tensor; here ∂x = g·gelu'(x) in one
+//   pass, in f32 arithmetic whatever the storage.
+//
+// Compiled to PTX by the engine's build script for the GPU build only; `kernels/emulated/`
+// runs this source on a CPU for the tests.
+
+#include <cuda_bf16.h>
+
+#ifndef DYNAMIC_SMEM
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// x, g, dx: [rows, dim] f32, contiguous; gamma: [dim]; part: [gridDim.x, 2, dim] (∂γ, then ∂β,
+// each block's share). Dynamic shared memory: 2·dim floats.
+extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restrict__ x,
+                                                         const float *__restrict__ gamma,
+                                                         const float *__restrict__ g,
+                                                         float *__restrict__ dx,
+                                                         float *__restrict__ part, int rows,
+                                                         int dim, float eps) {
+    DYNAMIC_SMEM(smem);
+    float *acc = reinterpret_cast<float *>(smem);
+    for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) acc[i] = 0.f;
+    __syncthreads();
+    const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
+        const float *xr = x + (size_t)row * dim;
+        const float *gr = g + (size_t)row * dim;
+        float s = 0.f;
+        for (int c = lane; c < dim; c += 32) s += xr[c];
+        const float mean = warp_sum(s) / dim;
+        float v = 0.f;
+        for (int c = lane; c < dim; c += 32) {
+            const float d = xr[c] - mean;
+            v += d * d;
+        }
+        const float r = 1.f / sqrtf(warp_sum(v) / dim + eps);
+        float a = 0.f, b = 0.f;
+        for (int c = lane; c < dim; c += 32) {
+            const float gg = gr[c] * gamma[c];
+            a += gg;
+            b += gg * (xr[c] - mean) * r;
+        }
+        a = warp_sum(a) / dim;
+        b = warp_sum(b) / dim;
+        float *out = dx + (size_t)row * dim;
+        for (int c = lane; c < dim; c += 32) {
+            const float xh = (xr[c] - mean) * r;
+            out[c] = r * (gr[c] * gamma[c] - a - xh * b);
+            atomicAdd(acc + c, gr[c] * xh);
+            atomicAdd(acc + dim + c, gr[c]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) part[(size_t)blockIdx.x * 2 * dim + i] = acc[i];
+}
+
+// gelu'(x) of the tanh form, gelu(x) = x/2·(1 + tanh(√(2/π)(x + 0.044715x³))).
+__device__ __forceinline__ float gelu_grad(float x) {
+    const float k = 0.7978845608f;  // √(2/π)
+    const float t = tanhf(k * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * x * x);
+}
+
+extern "C" __global__ void mosaic_gelu_backward_f32(const float *__restrict__ x, const float *__restrict__ g,
+                                                   float *__restrict__ dx, unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dx[i] = g[i] * gelu_grad(x[i]);
+}
+
+extern "C" __global__ void mosaic_gelu_backward_bf16(const __nv_bfloat16 *__restrict__ x,
+                                                    const __nv_bfloat16 *__restrict__ g,
+                                                    __nv_bfloat16 *__restrict__ dx, unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dx[i] = __float2bfloat16(__bfloat162float(g[i]) * gelu_grad(__bfloat162float(x[i])));
+}

@@ -1,0 +1,116 @@
+// Runs the kernels of `../elementwise.cu` on the CPU (this folder's emulation of CUDA) against
+// the same mathematics in f64: LayerNorm's backward pass (∂x, and ∂γ, ∂β summed from the
+// blocks' partial rows, as the host does) and GELU's (in f32 and in bf16; the derivative itself
+// checked against a central difference of GELU). Prints one line a case and exits 1 if any
+// misses its bound. Built and run by `tests/kernels.rs`.
+#include "../elementwise.cu"
+#include "check.h"
+
+#include <cstdio>
+#include <random>
+
+namespace {
+
+bool report(const char *what, double err, double bound) {
+    const bool pass = err < bound && std::isfinite(err);
+    std::printf("%s %s: %.1e (bound %.0e)\n", pass ? "pass" : "FAIL", what, err, bound);
+    return pass;
+}
+
+bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    const float eps = 1e-5f;
+    std::vector<float> x(size_t(rows) * dim), g(x.size()), gamma(dim);
+    for (auto &v : x) v = 3.f + 2.f * normal(rng);  // rows off zero, as activations are
+    for (auto &v : g) v = normal(rng);
+    for (auto &v : gamma) v = 1.f + 0.5f * normal(rng);
+
+    std::vector<double> dx_ref(x.size()), dgamma_ref(dim), dbeta_ref(dim);
+    for (int r = 0; r < rows; ++r) {
+        const float *xr = &x[size_t(r) * dim];
+        const float *gr = &g[size_t(r) * dim];
+        double mean = 0, var = 0;
+        for (int c = 0; c < dim; ++c) mean += xr[c];
+        mean /= dim;
+        for (int c = 0; c < dim; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+        const double rs = 1 / std::sqrt(var / dim + eps);
+        double a = 0, b = 0;
+        for (int c = 0; c < dim; ++c) {
+            const double xh = (xr[c] - mean) * rs, gg = double(gr[c]) * gamma[c];
+            a += gg;
+            b += gg * xh;
+            dgamma_ref[c] += gr[c] * xh;
+            dbeta_ref[c] += gr[c];
+        }
+        a /= dim;
+        b /= dim;
+        for (int c = 0; c < dim; ++c) {
+            const double xh = (xr[c] - mean) * rs;
+            dx_ref[size_t(r) * dim + c] = rs * (double(gr[c]) * gamma[c] - a - xh * b);
+        }
+    }
+
+    std::vector<float> dx(x.size()), part(size_t(blocks) * 2 * dim);
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 2 * dim * sizeof(float), [&] {
+        mosaic_layer_norm_backward_f32(x.data(), gamma.data(), g.data(), dx.data(), part.data(), rows, dim, eps);
+    });
+    std::vector<float> dgamma(dim, 0.f), dbeta(dim, 0.f);
+    for (unsigned b = 0; b < blocks; ++b)
+        for (int c = 0; c < dim; ++c) {
+            dgamma[c] += part[(size_t(b) * 2) * dim + c];
+            dbeta[c] += part[(size_t(b) * 2 + 1) * dim + c];
+        }
+    char what[96];
+    std::snprintf(what, sizeof what, "layer norm backward, %d rows × %d, %u blocks", rows, dim, blocks);
+    const double err = std::max({relative(dx, dx_ref, 1e-6), relative(dgamma, dgamma_ref, 1e-6), relative(dbeta, dbeta_ref, 1e-6)});
+    return report(what, err, 1e-4);
+}
+
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+bool gelu_backward(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-6.f, 6.f);
+    std::normal_distribution<float> normal;
+    const size_t n = 3001;
+    std::vector<float> x(n), g(n);
+    for (auto &v : x) v = uniform(rng);
+    for (auto &v : g) v = normal(rng);
+    std::vector<__nv_bfloat16> xb(n), gb(n), dxb(n);
+    for (size_t i = 0; i < n; ++i) {
+        xb[i] = __float2bfloat16(x[i]);
+        gb[i] = __float2bfloat16(g[i]);
+    }
+    // The derivative from a central difference of GELU itself, in f64.
+    auto reference = [](double x, double g) {
+        const double h = 1e-5;
+        return g * (gelu(x + h) - gelu(x - h)) / (2 * h);
+    };
+    std::vector<double> ref(n), ref_b(n);
+    for (size_t i = 0; i < n; ++i) {
+        ref[i] = reference(x[i], g[i]);
+        ref_b[i] = reference(__bfloat162float(xb[i]), __bfloat162float(gb[i]));
+    }
+    std::vector<float> dx(n);
+    const unsigned long long count = n;
+    emu::launch({2, 1, 1}, {256, 1, 1}, 0, [&] { mosaic_gelu_backward_f32(x.data(), g.data(), dx.data(), count); });
+    emu::launch({2, 1, 1}, {256, 1, 1}, 0, [&] { mosaic_gelu_backward_bf16(xb.data(), gb.data(), dxb.data(), count); });
+    std::vector<float> dx_b(n);
+    for (size_t i = 0; i < n; ++i) dx_b[i] = __bfloat162float(dxb[i]);
+    const bool f32 = report("gelu backward, f32", relative(dx, ref, 1e-6), 1e-5);
+    const bool bf16 = report("gelu backward, bf16", relative(dx_b, ref_b, 1e-6), 1e-2);
+    return f32 && bf16;
+}
+
+}  // namespace
+
+int main() {
+    bool ok = true;
+    ok &= layer_norm(37, 64, 3, 1);
+    ok &= layer_norm(5, 100, 1, 2);
+    ok &= layer_norm(70, 1280, 4, 3);
+    ok &= layer_norm(1, 33, 2, 4);  // a block with no row
+    ok &= gelu_backward(5);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,124 @@
+//! The launches of `kernels/elementwise.cu`: LayerNorm's backward pass (one warp a row, ∂γ
+//! and ∂β as per-block partial rows the host sums) and GELU's (one pass), each on the stream of
+//! the tensors' device. [`crate::models::nn`] calls them on a CUDA device in place of the
+//! composed forms, which stay the CPU's and the reference.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+use super::{address, ELEMENTWISE_PTX};
+
+/// Threads a block.
+const THREADS: u32 = 256;
+/// At most this many blocks: LayerNorm's partial rows, or a grid-stride loop's grid.
+const MAX_BLOCKS: usize = 1024;
+/// Shared memory a block may use without asking (∂γ and ∂β of a row, 2·dim floats).
+const SMEM_LIMIT: usize = 48 * 1024;
+
+fn cuda(t: &Tensor) -> Result<&candle_core::CudaDevice> {
+    match t.device() {
+        Device::Cuda(dev) => Ok(dev),
+        _ => bail!("the engine's elementwise kernels run on CUDA devices only"),
+    }
+}
+
+/// Whether [`layer_norm_backward`] runs rows of `dim` features.
+pub fn layer_norm_fits(dim: usize) -> bool {
+    dim > 0 && 2 * dim * 4 <= SMEM_LIMIT
+}
+
+/// The gradients `(∂x, ∂γ, ∂β)` of `y = LayerNorm(x)·γ + β` over the last dimension (f32,
+/// variance guard `eps`) given `g = ∂loss/∂y`, as `nn::layer_norm_backward` composes them.
+pub fn layer_norm_backward(
+    x: &Tensor,
+    gamma: &Tensor,
+    g: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let dev = cuda(x)?;
+    let dim = x.dim(candle_core::D::Minus1)?;
+    let rows = x.elem_count() / dim.max(1);
+    if !layer_norm_fits(dim) {
+        bail!(
+            "the LayerNorm kernel takes rows of at most {} features, not {dim}",
+            SMEM_LIMIT / 8
+        )
+    }
+    let x = x.detach().to_dtype(DType::F32)?.contiguous()?;
+    let g = g.to_dtype(DType::F32)?.contiguous()?;
+    let gamma = gamma.detach().to_dtype(DType::F32)?.contiguous()?;
+    let dx = Tensor::zeros(x.shape(), DType::F32, x.device())?;
+    let blocks = rows.div_ceil((THREADS / 32) as usize).clamp(1, MAX_BLOCKS);
+    let part = Tensor::zeros((blocks, 2, dim), DType::F32, x.device())?;
+    if rows > 0 {
+        let func = dev.get_or_load_custom_func(
+            "mosaic_layer_norm_backward_f32",
+            "mosaic_elementwise",
+            ELEMENTWISE_PTX,
+        )?;
+        let stream = dev.cuda_stream();
+        let at = |t: &Tensor| address(t, &stream);
+        let (x_at, gamma_at, g_at, dx_at, part_at) =
+            (at(&x)?, at(&gamma)?, at(&g)?, at(&dx)?, at(&part)?);
+        let (rows_i, dim_i, eps) = (rows as i32, dim as i32, eps as f32);
+        let mut launch = func.builder();
+        launch
+            .arg(&x_at)
+            .arg(&gamma_at)
+            .arg(&g_at)
+            .arg(&dx_at)
+            .arg(&part_at)
+            .arg(&rows_i)
+            .arg(&dim_i)
+            .arg(&eps);
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: (2 * dim * 4) as u32,
+        };
+        // SAFETY: the arguments match `mosaic_layer_norm_backward_f32`'s (five device
+        // addresses, two i32, an f32); x, g and dx hold rows·dim f32, γ dim and the partials
+        // blocks·2·dim, all contiguous, alive past the launch in stream order.
+        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    }
+    let sums = part.sum(0)?; // [2, dim]
+    Ok((dx, sums.get(0)?, sums.get(1)?))
+}
+
+/// `∂loss/∂x` of `gelu(x)` (candle's tanh form) given `g = ∂loss/∂gelu(x)`, in `x`'s dtype
+/// (f32 or bf16).
+pub fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let dev = cuda(x)?;
+    let dtype = x.dtype();
+    let name = match dtype {
+        DType::F32 => "mosaic_gelu_backward_f32",
+        DType::BF16 => "mosaic_gelu_backward_bf16",
+        other => bail!("the GELU kernel takes f32 or bf16, not {other:?}"),
+    };
+    let x = x.detach().contiguous()?;
+    let g = g.to_dtype(dtype)?.contiguous()?;
+    let dx = Tensor::zeros(x.shape(), dtype, x.device())?;
+    let n = x.elem_count();
+    if n > 0 {
+        let func = dev.get_or_load_custom_func(name, "mosaic_elementwise", ELEMENTWISE_PTX)?;
+        let stream = dev.cuda_stream();
+        let at = |t: &Tensor| address(t, &stream);
+        let (x_at, g_at, dx_at, count) = (at(&x)?, at(&g)?, at(&dx)?, n as u64);
+        let mut launch = func.builder();
+        launch.arg(&x_at).arg(&g_at).arg(&dx_at).arg(&count);
+        let config = LaunchConfig {
+            grid_dim: (
+                n.div_ceil(THREADS as usize).min(MAX_BLOCKS * 64) as u32,
+                1,
+                1,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel's (three device addresses, a u64 count); x, g
+        // and dx hold `count` contiguous elements of `dtype`, alive past the launch in stream
+        // order.
+        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    }
+    Ok(dx)
+}
