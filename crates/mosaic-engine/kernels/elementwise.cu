@@ -9,6 +9,10 @@
 // - GELU (tanh form, as candle's `gelu`): candle differentiates it with sixteen elementwise ops
 //   over the MLP's hidden activations, the step's largest tensor; here ∂x = g·gelu'(x) in one
 //   pass, in f32 arithmetic whatever the storage.
+// - A Linear layer's bias on its bf16 product, and the bias's gradient: candle's broadcast add
+//   and the sum over rows behind its backward pass find every element through 64-bit divisions
+//   and mod, and that sum reads one column at a time (a 2-byte read per 32-byte sector) and
+//   accumulates in bf16; here threads read along rows and sum in f32.
 //
 // Compiled to PTX by the engine's build script for the GPU build only; `kernels/emulated/`
 // runs this source on a CPU for the tests.
@@ -89,4 +93,31 @@ extern "C" __global__ void mosaic_gelu_backward_bf16(const __nv_bfloat16 *__rest
     const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dx[i] = __float2bfloat16(__bfloat162float(g[i]) * gelu_grad(__bfloat162float(x[i])));
+}
+
+// A Linear layer's bias: out = y + bias over the rows of a contiguous [rows, cols] bf16 product,
+// the add in f32. Threads run along a row (x: columns), blocks down the rows (y), so that no
+// index is divided.
+extern "C" __global__ void mosaic_bias_add_bf16(const __nv_bfloat16 *__restrict__ y,
+                                               const float *__restrict__ bias,
+                                               __nv_bfloat16 *__restrict__ out, int rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const float b = bias[c];
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const size_t i = (size_t)r * cols + c;
+        out[i] = __float2bfloat16(__bfloat162float(y[i]) + b);
+    }
+}
+
+// The bias's gradient in part: part[blockIdx.y, c] = Σ g[r, c] over the rows r ≡ blockIdx.y
+// (mod gridDim.y), in f32, a warp reading consecutive columns of a row; the host sums the
+// gridDim.y partial rows.
+extern "C" __global__ void mosaic_column_sums_bf16(const __nv_bfloat16 *__restrict__ g,
+                                                  float *__restrict__ part, int rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float s = 0.f;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) s += __bfloat162float(g[(size_t)r * cols + c]);
+    part[(size_t)blockIdx.y * cols + c] = s;
 }

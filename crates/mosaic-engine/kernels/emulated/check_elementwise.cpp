@@ -1,7 +1,8 @@
 // Runs the kernels of `../elementwise.cu` on the CPU (this folder's emulation of CUDA) against
 // the same mathematics in f64: LayerNorm's backward pass (∂x, and ∂γ, ∂β summed from the
-// blocks' partial rows, as the host does) and GELU's (in f32 and in bf16; the derivative itself
-// checked against a central difference of GELU). Prints one line a case and exits 1 if any
+// blocks' partial rows, as the host does), GELU's (in f32 and in bf16; the derivative itself
+// checked against a central difference of GELU), and a bias added to a bf16 product and its
+// gradient summed over the rows. Prints one line a case and exits 1 if any
 // misses its bound. Built and run by `tests/kernels.rs`.
 #include "../elementwise.cu"
 #include "check.h"
@@ -103,6 +104,36 @@ bool gelu_backward(unsigned seed) {
     return f32 && bf16;
 }
 
+bool bias(int rows, int cols, unsigned gy, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<__nv_bfloat16> y(size_t(rows) * cols), g(y.size()), out(y.size());
+    std::vector<float> b(cols);
+    for (auto &v : y) v = __float2bfloat16(normal(rng));
+    for (auto &v : g) v = __float2bfloat16(normal(rng));
+    for (auto &v : b) v = normal(rng);
+    std::vector<double> out_ref(y.size()), sums_ref(cols);
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+            const size_t i = size_t(r) * cols + c;
+            out_ref[i] = double(__bfloat162float(y[i])) + b[c];
+            sums_ref[c] += __bfloat162float(g[i]);
+        }
+    std::vector<float> part(size_t(gy) * cols);
+    const unsigned gx = (cols + 255) / 256;
+    emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] { mosaic_bias_add_bf16(y.data(), b.data(), out.data(), rows, cols); });
+    emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] { mosaic_column_sums_bf16(g.data(), part.data(), rows, cols); });
+    std::vector<float> got(out.size()), sums(cols, 0.f);
+    for (size_t i = 0; i < out.size(); ++i) got[i] = __bfloat162float(out[i]);
+    for (unsigned p = 0; p < gy; ++p)
+        for (int c = 0; c < cols; ++c) sums[c] += part[size_t(p) * cols + c];
+    char what[96];
+    std::snprintf(what, sizeof what, "bias add, %d rows × %d, %u row blocks", rows, cols, gy);
+    const bool add = report(what, relative(got, out_ref, 1e-6), 1e-2);
+    std::snprintf(what, sizeof what, "bias gradient, %d rows × %d, %u row blocks", rows, cols, gy);
+    return add && report(what, relative(sums, sums_ref, 1e-6), 1e-5);
+}
+
 }  // namespace
 
 int main() {
@@ -112,5 +143,7 @@ int main() {
     ok &= layer_norm(70, 1280, 4, 3);
     ok &= layer_norm(1, 33, 2, 4);  // a block with no row
     ok &= gelu_backward(5);
+    ok &= bias(37, 300, 4, 6);
+    ok &= bias(3, 64, 8, 7);  // more row blocks than rows
     return ok ? 0 : 1;
 }

@@ -1,13 +1,16 @@
 //! The engine's own CUDA kernels (`kernels/*.cu`, compiled to PTX by the build script in the
 //! GPU build only): their PTX, the device addresses their launches take, and the launches of
-//! the one-pass backward passes of LayerNorm and GELU ([`elementwise`]). `kernels/emulated/`
+//! the one-pass backward passes of LayerNorm and GELU ([`elementwise`]) and of a Linear
+//! layer's bias ([`bias`]). `kernels/emulated/`
 //! runs their source on a CPU for the tests (`tests/kernels.rs`).
 
+pub mod bias;
 pub mod elementwise;
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr};
 use candle_core::cuda_backend::CudaStorageSlice;
-use candle_core::{bail, Result, Storage, Tensor};
+use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
 
 /// `kernels/adamw.cu`: AdamW on one parameter tensor in one pass.
 pub const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
@@ -26,10 +29,18 @@ pub fn address(t: &Tensor, stream: &CudaStream) -> Result<u64> {
     let Storage::Cuda(storage) = &*storage else {
         bail!("a kernel's tensor is not on a CUDA device")
     };
+    storage_address(storage, layout, stream)
+}
+
+/// The device address of the first element of `layout` in `storage` (f32 or bf16).
+pub fn storage_address(storage: &CudaStorage, layout: &Layout, stream: &CudaStream) -> Result<u64> {
     let (base, size) = match &storage.slice {
         CudaStorageSlice::F32(s) => (s.device_ptr(stream).0, 4),
         CudaStorageSlice::BF16(s) => (s.device_ptr(stream).0, 2),
-        _ => bail!("a kernel's tensor is {:?}, not f32 or bf16", t.dtype()),
+        _ => bail!(
+            "a kernel's tensor is {:?}, not f32 or bf16",
+            storage.dtype()
+        ),
     };
     Ok(base + (layout.start_offset() * size) as u64)
 }

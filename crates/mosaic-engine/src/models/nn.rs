@@ -170,10 +170,23 @@ impl Linear {
         let mut out_shape = dims.to_vec();
         *out_shape.last_mut().unwrap() = self.weight.dim(0)?;
         let x = x.reshape((rows, inputs))?.to_dtype(self.compute)?;
-        x.matmul(&self.weight.to_dtype(self.compute)?.t()?)?
-            .broadcast_add(&self.bias.to_dtype(self.compute)?)?
-            .reshape(out_shape)
+        add_bias(
+            &x.matmul(&self.weight.to_dtype(self.compute)?.t()?)?,
+            &self.bias,
+        )?
+        .reshape(out_shape)
     }
+}
+
+/// `y + bias` over the rows of a product `y` `[rows, features]`, in `y`'s dtype. A bf16 product
+/// on a CUDA device takes the engine's kernel ([`crate::kernels::bias`]: one pass, the bias's
+/// gradient summed in f32); otherwise candle's broadcast add.
+fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    #[cfg(mosaic_gpu)]
+    if y.device().is_cuda() && y.dtype() == DType::BF16 && y.is_contiguous() {
+        return crate::kernels::bias::bias_add(y, bias);
+    }
+    y.broadcast_add(&bias.to_dtype(y.dtype())?)
 }
 
 /// Layer normalisation over the last dimension: candle's fused kernel (one pass, where the

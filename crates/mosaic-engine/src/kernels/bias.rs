@@ -1,0 +1,153 @@
+//! A Linear layer's bias on a GPU (`kernels/elementwise.cu`): added to the bf16 product in one
+//! pass by a custom op of candle's (the output is the op's own storage, no copy), its gradient
+//! the rows' sums in f32, read along the rows. candle's broadcast add and the row sum behind its
+//! backward pass index every element through 64-bit divisions, and that sum reads a column at a
+//! time and accumulates in bf16.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{
+    bail, CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor,
+};
+
+use super::{address, storage_address, ELEMENTWISE_PTX};
+
+/// Threads a block, along the columns.
+const THREADS: u32 = 256;
+/// Blocks down the rows, at most: the bias add's grid, and the gradient's partial rows.
+const ROW_BLOCKS: usize = 256;
+
+/// `y + bias` over the rows of `y` (bf16 `[rows, cols]`, contiguous) with `bias` (f32
+/// `[cols]`), as a node of both tapes: the gradient passes to `y` as it is and to `bias` as
+/// its column sums (f32).
+pub fn bias_add(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    y.apply_op2(bias, BiasAdd)
+}
+
+struct BiasAdd;
+
+/// `(rows, cols)` of a bf16 product and an f32 bias that match.
+fn dims(y: &Layout, y_dtype: DType, bias: &Layout, bias_dtype: DType) -> Result<(usize, usize)> {
+    let (rows, cols) = y.shape().dims2()?;
+    if y_dtype != DType::BF16 || bias_dtype != DType::F32 {
+        bail!("bias_add adds an f32 bias to a bf16 product, not {bias_dtype:?} to {y_dtype:?}")
+    }
+    if bias.shape().dims() != [cols] || !y.is_contiguous() || !bias.is_contiguous() {
+        bail!(
+            "bias_add: a contiguous [{cols}] bias for a contiguous [{rows}, {cols}] product, not \
+             {:?} for {:?}",
+            bias.shape(),
+            y.shape()
+        )
+    }
+    Ok((rows, cols))
+}
+
+impl CustomOp2 for BiasAdd {
+    fn name(&self) -> &'static str {
+        "bias_add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        bail!("bias_add runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        y: &CudaStorage,
+        y_layout: &Layout,
+        bias: &CudaStorage,
+        bias_layout: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (rows, cols) = dims(y_layout, y.dtype(), bias_layout, bias.dtype())?;
+        let dev = y.device().clone();
+        let stream = dev.cuda_stream();
+        // SAFETY: every element is written by the kernel below before anything reads it.
+        let out = unsafe { dev.alloc::<half::bf16>(rows * cols) }?;
+        let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
+        if rows * cols > 0 {
+            let func = dev.get_or_load_custom_func(
+                "mosaic_bias_add_bf16",
+                "mosaic_elementwise",
+                ELEMENTWISE_PTX,
+            )?;
+            let out_layout = Layout::contiguous(y_layout.shape());
+            let (y_at, bias_at, out_at) = (
+                storage_address(y, y_layout, &stream)?,
+                storage_address(bias, bias_layout, &stream)?,
+                storage_address(&out, &out_layout, &stream)?,
+            );
+            let (rows_i, cols_i) = (rows as i32, cols as i32);
+            let mut launch = func.builder();
+            launch
+                .arg(&y_at)
+                .arg(&bias_at)
+                .arg(&out_at)
+                .arg(&rows_i)
+                .arg(&cols_i);
+            let config = LaunchConfig {
+                grid_dim: (
+                    cols.div_ceil(THREADS as usize) as u32,
+                    rows.min(ROW_BLOCKS) as u32,
+                    1,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match `mosaic_bias_add_bf16`'s (three device addresses, two
+            // i32); y and out hold rows·cols bf16 and the bias cols f32, contiguous, alive past
+            // the launch in stream order.
+            unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        }
+        Ok((out, y_layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _y: &Tensor,
+        _bias: &Tensor,
+        _out: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(g.clone()), Some(column_sums(g)?)))
+    }
+}
+
+/// The sums over the rows of `g` (bf16 `[rows, cols]`), f32 `[cols]`.
+fn column_sums(g: &Tensor) -> Result<Tensor> {
+    let Device::Cuda(dev) = g.device() else {
+        bail!("the bias gradient runs on CUDA devices only")
+    };
+    let g = g.to_dtype(DType::BF16)?.contiguous()?;
+    let (rows, cols) = g.dims2()?;
+    let row_blocks = rows.clamp(1, ROW_BLOCKS);
+    let part = Tensor::zeros((row_blocks, cols), DType::F32, g.device())?;
+    if rows * cols > 0 {
+        let func = dev.get_or_load_custom_func(
+            "mosaic_column_sums_bf16",
+            "mosaic_elementwise",
+            ELEMENTWISE_PTX,
+        )?;
+        let stream = dev.cuda_stream();
+        let (g_at, part_at) = (address(&g, &stream)?, address(&part, &stream)?);
+        let (rows_i, cols_i) = (rows as i32, cols as i32);
+        let mut launch = func.builder();
+        launch.arg(&g_at).arg(&part_at).arg(&rows_i).arg(&cols_i);
+        let config = LaunchConfig {
+            grid_dim: (cols.div_ceil(THREADS as usize) as u32, row_blocks as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `mosaic_column_sums_bf16`'s (two device addresses, two
+        // i32); g holds rows·cols bf16 and part row_blocks·cols f32, contiguous, alive past the
+        // launch in stream order.
+        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    }
+    part.sum(0)
+}
