@@ -1,14 +1,16 @@
-// Backward passes that candle composes of many elementwise kernels, each one pass here:
+// Elementwise work that candle composes of many kernels or cannot give a backward pass, one
+// pass each here:
 //
-// - LayerNorm: candle's fused forward kernel has no backward pass; the engine's composed one
+// - LayerNorm, forward and backward, one warp a row. candle-nn's fused forward kernel has no
+//   backward pass and is private to its own op; the engine's composed backward pass
 //   (`models/nn.rs`, `layer_norm_backward`) takes about twenty passes over an f32 [rows, dim]
-//   tensor. Here one warp takes a row: the mean and 1/σ recomputed from x, then
-//   ∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂)) written once; ∂γ = Σ g·x̂ and ∂β = Σ g are summed
-//   over the block's rows in shared memory and written as one partial row per block, which the
-//   host sums (a [blocks, 2, dim] tensor, small).
-// - GELU (tanh form, as candle's `gelu`): candle differentiates it with sixteen elementwise ops
-//   over the MLP's hidden activations, the step's largest tensor; here ∂x = g·gelu'(x) in one
-//   pass, in f32 arithmetic whatever the storage.
+//   tensor. Here the backward pass recomputes the mean and 1/σ from x and writes
+//   ∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂)) once; ∂γ = Σ g·x̂ and ∂β = Σ g are summed over the
+//   block's rows in shared memory and written as one partial row per block, which the host sums
+//   (a [blocks, 2, dim] tensor, small).
+// - GELU's backward pass (tanh form, as candle's `gelu`): candle differentiates it with sixteen
+//   elementwise ops over the MLP's hidden activations, the step's largest tensor; here
+//   ∂x = g·gelu'(x) in one pass, in f32 arithmetic whatever the storage.
 // - A Linear layer's bias on its bf16 product, and the bias's gradient: candle's broadcast add
 //   and the sum over rows behind its backward pass find every element through 64-bit divisions
 //   and mod, and that sum reads one column at a time (a 2-byte read per 32-byte sector) and
@@ -28,6 +30,36 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The mean of a row of `dim` values and 1/√(variance + eps), two passes, by the 32 lanes of a
+// warp (lane `lane` reads columns lane, lane + 32, …); every lane gets both.
+__device__ __forceinline__ void row_stats(const float *xr, int dim, float eps, int lane, float &mean,
+                                          float &r) {
+    float s = 0.f;
+    for (int c = lane; c < dim; c += 32) s += xr[c];
+    mean = warp_sum(s) / dim;
+    float v = 0.f;
+    for (int c = lane; c < dim; c += 32) {
+        const float d = xr[c] - mean;
+        v += d * d;
+    }
+    r = 1.f / sqrtf(warp_sum(v) / dim + eps);
+}
+
+// y = (x − mean)/√(var + eps)·γ + β over each row of a contiguous [rows, dim] f32 tensor, one
+// warp a row, as candle-nn's layer_norm computes it (its kernel is not public to a custom op).
+extern "C" __global__ void mosaic_layer_norm_f32(const float *__restrict__ x, const float *__restrict__ gamma,
+                                                const float *__restrict__ beta, float *__restrict__ y,
+                                                int rows, int dim, float eps) {
+    const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
+        const float *xr = x + (size_t)row * dim;
+        float mean, r;
+        row_stats(xr, dim, eps, lane, mean, r);
+        float *out = y + (size_t)row * dim;
+        for (int c = lane; c < dim; c += 32) out[c] = (xr[c] - mean) * r * gamma[c] + beta[c];
+    }
+}
+
 // x, g, dx: [rows, dim] f32, contiguous; gamma: [dim]; part: [gridDim.x, 2, dim] (∂γ, then ∂β,
 // each block's share). Dynamic shared memory: 2·dim floats.
 extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restrict__ x,
@@ -44,15 +76,8 @@ extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restric
     for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
         const float *xr = x + (size_t)row * dim;
         const float *gr = g + (size_t)row * dim;
-        float s = 0.f;
-        for (int c = lane; c < dim; c += 32) s += xr[c];
-        const float mean = warp_sum(s) / dim;
-        float v = 0.f;
-        for (int c = lane; c < dim; c += 32) {
-            const float d = xr[c] - mean;
-            v += d * d;
-        }
-        const float r = 1.f / sqrtf(warp_sum(v) / dim + eps);
+        float mean, r;
+        row_stats(xr, dim, eps, lane, mean, r);
         float a = 0.f, b = 0.f;
         for (int c = lane; c < dim; c += 32) {
             const float gg = gr[c] * gamma[c];

@@ -1,5 +1,5 @@
 // Runs the kernels of `../elementwise.cu` on the CPU (this folder's emulation of CUDA) against
-// the same mathematics in f64: LayerNorm's backward pass (∂x, and ∂γ, ∂β summed from the
+// the same mathematics in f64: LayerNorm's forward pass and its backward pass (∂x, and ∂γ, ∂β summed from the
 // blocks' partial rows, as the host does), GELU's (in f32 and in bf16; the derivative itself
 // checked against a central difference of GELU), and a bias added to a bf16 product and its
 // gradient summed over the rows. Prints one line a case and exits 1 if any
@@ -18,24 +18,30 @@ bool report(const char *what, double err, double bound) {
     return pass;
 }
 
+/// A row's mean and 1/√(variance + eps), in f64.
+std::pair<double, double> stats(const float *xr, int dim, double eps) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < dim; ++c) mean += xr[c];
+    mean /= dim;
+    for (int c = 0; c < dim; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+    return {mean, 1 / std::sqrt(var / dim + eps)};
+}
+
 bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
     const float eps = 1e-5f;
-    std::vector<float> x(size_t(rows) * dim), g(x.size()), gamma(dim);
+    std::vector<float> x(size_t(rows) * dim), g(x.size()), gamma(dim), beta(dim);
     for (auto &v : x) v = 3.f + 2.f * normal(rng);  // rows off zero, as activations are
     for (auto &v : g) v = normal(rng);
     for (auto &v : gamma) v = 1.f + 0.5f * normal(rng);
+    for (auto &v : beta) v = normal(rng);
 
     std::vector<double> dx_ref(x.size()), dgamma_ref(dim), dbeta_ref(dim);
     for (int r = 0; r < rows; ++r) {
         const float *xr = &x[size_t(r) * dim];
         const float *gr = &g[size_t(r) * dim];
-        double mean = 0, var = 0;
-        for (int c = 0; c < dim; ++c) mean += xr[c];
-        mean /= dim;
-        for (int c = 0; c < dim; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-        const double rs = 1 / std::sqrt(var / dim + eps);
+        const auto [mean, rs] = stats(xr, dim, eps);
         double a = 0, b = 0;
         for (int c = 0; c < dim; ++c) {
             const double xh = (xr[c] - mean) * rs, gg = double(gr[c]) * gamma[c];
@@ -52,6 +58,17 @@ bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
         }
     }
 
+    std::vector<double> y_ref(x.size());
+    for (int r = 0; r < rows; ++r) {
+        const float *xr = &x[size_t(r) * dim];
+        const auto [mean, rs] = stats(xr, dim, eps);
+        for (int c = 0; c < dim; ++c) y_ref[size_t(r) * dim + c] = (xr[c] - mean) * rs * gamma[c] + beta[c];
+    }
+    std::vector<float> y(x.size());
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 0, [&] {
+        mosaic_layer_norm_f32(x.data(), gamma.data(), beta.data(), y.data(), rows, dim, eps);
+    });
+
     std::vector<float> dx(x.size()), part(size_t(blocks) * 2 * dim);
     emu::launch({blocks, 1, 1}, {256, 1, 1}, 2 * dim * sizeof(float), [&] {
         mosaic_layer_norm_backward_f32(x.data(), gamma.data(), g.data(), dx.data(), part.data(), rows, dim, eps);
@@ -63,9 +80,11 @@ bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
             dbeta[c] += part[(size_t(b) * 2 + 1) * dim + c];
         }
     char what[96];
+    std::snprintf(what, sizeof what, "layer norm forward, %d rows × %d, %u blocks", rows, dim, blocks);
+    const bool forward = report(what, relative(y, y_ref, 1e-6), 1e-5);
     std::snprintf(what, sizeof what, "layer norm backward, %d rows × %d, %u blocks", rows, dim, blocks);
     const double err = std::max({relative(dx, dx_ref, 1e-6), relative(dgamma, dgamma_ref, 1e-6), relative(dbeta, dbeta_ref, 1e-6)});
-    return report(what, err, 1e-4);
+    return report(what, err, 1e-4) && forward;
 }
 
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }

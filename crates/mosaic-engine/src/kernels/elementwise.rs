@@ -1,12 +1,18 @@
-//! The launches of `kernels/elementwise.cu`: LayerNorm's backward pass (one warp a row, ∂γ
-//! and ∂β as per-block partial rows the host sums) and GELU's (one pass), each on the stream of
-//! the tensors' device. [`crate::models::nn`] calls them on a CUDA device in place of the
-//! composed forms, which stay the CPU's and the reference.
+//! LayerNorm and GELU on a GPU as custom ops of candle's whose backward passes are one kernel
+//! each (`kernels/elementwise.cu`): LayerNorm forward and backward one warp a row (∂γ and ∂β as
+//! per-block partial rows the host sums), GELU's forward candle's kernel and its backward one
+//! pass. Each op's output is its own storage (no copy), every launch on the stream of the
+//! tensors' device. [`crate::models::nn`] uses them on a CUDA device; its composed forms stay
+//! the CPU's and the reference.
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{
+    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape,
+    Tensor,
+};
 
-use super::{address, ELEMENTWISE_PTX};
+use super::{address, storage_address, ELEMENTWISE_PTX};
 
 /// Threads a block.
 const THREADS: u32 = 256;
@@ -22,14 +28,149 @@ fn cuda(t: &Tensor) -> Result<&candle_core::CudaDevice> {
     }
 }
 
-/// Whether [`layer_norm_backward`] runs rows of `dim` features.
+/// Whether [`layer_norm`] runs rows of `dim` features.
 pub fn layer_norm_fits(dim: usize) -> bool {
     dim > 0 && 2 * dim * 4 <= SMEM_LIMIT
 }
 
+/// `y = LayerNorm(x)·γ + β` over the last dimension of `x` (f32; variance guard `eps`), as one
+/// node of the tapes of x, γ and β whose backward pass is [`layer_norm_backward`].
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(gamma, beta, LayerNormOp { eps })
+}
+
+struct LayerNormOp {
+    eps: f64,
+}
+
+impl CustomOp3 for LayerNormOp {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        bail!("the LayerNorm kernel runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        x_layout: &Layout,
+        gamma: &CudaStorage,
+        gamma_layout: &Layout,
+        beta: &CudaStorage,
+        beta_layout: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let shape = x_layout.shape();
+        let dim = shape.dims().last().copied().unwrap_or(0);
+        let rows = shape.elem_count() / dim.max(1);
+        let vectors = [gamma_layout, beta_layout];
+        if [x.dtype(), gamma.dtype(), beta.dtype()] != [DType::F32; 3]
+            || !x_layout.is_contiguous()
+            || vectors
+                .iter()
+                .any(|l| l.shape().dims() != [dim] || !l.is_contiguous())
+            || !layer_norm_fits(dim)
+        {
+            bail!("the LayerNorm kernel takes contiguous f32 rows of at most {} features and γ, β of their width", SMEM_LIMIT / 8)
+        }
+        let dev = x.device().clone();
+        let stream = dev.cuda_stream();
+        // SAFETY: the kernel writes every element before anything reads it.
+        let y = CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(rows * dim) }?, dev.clone());
+        if rows > 0 {
+            let func = dev.get_or_load_custom_func(
+                "mosaic_layer_norm_f32",
+                "mosaic_elementwise",
+                ELEMENTWISE_PTX,
+            )?;
+            let (x_at, gamma_at, beta_at, y_at) = (
+                storage_address(x, x_layout, &stream)?,
+                storage_address(gamma, gamma_layout, &stream)?,
+                storage_address(beta, beta_layout, &stream)?,
+                storage_address(&y, &Layout::contiguous(shape), &stream)?,
+            );
+            let (rows_i, dim_i, eps) = (rows as i32, dim as i32, self.eps as f32);
+            let mut launch = func.builder();
+            launch
+                .arg(&x_at)
+                .arg(&gamma_at)
+                .arg(&beta_at)
+                .arg(&y_at)
+                .arg(&rows_i)
+                .arg(&dim_i)
+                .arg(&eps);
+            let config = LaunchConfig {
+                grid_dim: (
+                    rows.div_ceil((THREADS / 32) as usize).min(MAX_BLOCKS * 4) as u32,
+                    1,
+                    1,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match `mosaic_layer_norm_f32`'s (four device addresses, two
+            // i32, an f32); x and y hold rows·dim f32 and γ, β dim each, contiguous, alive past
+            // the launch in stream order.
+            unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        }
+        Ok((y, shape.clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _beta: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dgamma, dbeta) = layer_norm_backward(x, gamma, g, self.eps)?;
+        Ok((Some(dx), Some(dgamma), Some(dbeta)))
+    }
+}
+
+/// candle's GELU (tanh form) as one node of `x`'s tape whose backward pass is
+/// [`gelu_backward`]'s one pass.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    x.apply_op1(GeluOp)
+}
+
+struct GeluOp;
+
+impl CustomOp1 for GeluOp {
+    fn name(&self) -> &'static str {
+        "gelu"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        bail!("the GELU kernel runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        Ok((
+            x.unary_impl::<candle_core::op::Gelu>(layout)?,
+            layout.shape().clone(),
+        ))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        gelu_backward(x, g).map(Some)
+    }
+}
+
 /// The gradients `(∂x, ∂γ, ∂β)` of `y = LayerNorm(x)·γ + β` over the last dimension (f32,
-/// variance guard `eps`) given `g = ∂loss/∂y`, as `nn::layer_norm_backward` composes them.
-pub fn layer_norm_backward(
+/// variance guard `eps`) given `g = ∂loss/∂y`, as `nn::layer_norm_backward` composes them; ∂x
+/// in `x`'s shape.
+fn layer_norm_backward(
     x: &Tensor,
     gamma: &Tensor,
     g: &Tensor,
@@ -82,12 +223,12 @@ pub fn layer_norm_backward(
         unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     }
     let sums = part.sum(0)?; // [2, dim]
-    Ok((dx, sums.get(0)?, sums.get(1)?))
+    Ok((dx.reshape(x.shape())?, sums.get(0)?, sums.get(1)?))
 }
 
 /// `∂loss/∂x` of `gelu(x)` (candle's tanh form) given `g = ∂loss/∂gelu(x)`, in `x`'s dtype
 /// (f32 or bf16).
-pub fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
+fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
     let dev = cuda(x)?;
     let dtype = x.dtype();
     let name = match dtype {

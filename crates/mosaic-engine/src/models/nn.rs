@@ -212,8 +212,16 @@ impl LayerNorm {
         })
     }
 
-    /// Applies the normalisation.
+    /// Applies the normalisation. On a CUDA device, the engine's kernels forward and backward
+    /// ([`crate::kernels::elementwise::layer_norm`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        #[cfg(mosaic_gpu)]
+        if x.device().is_cuda()
+            && x.dtype() == DType::F32
+            && crate::kernels::elementwise::layer_norm_fits(x.dim(D::Minus1)?)
+        {
+            return crate::kernels::elementwise::layer_norm(x, &self.gamma, &self.beta, LN_EPS);
+        }
         let x = x.contiguous()?;
         let y = candle_nn::ops::layer_norm(
             &x.detach(),
@@ -245,20 +253,9 @@ impl LayerNorm {
 
 /// The gradients of `y = x̂·γ + β` (x̂ = (x − μ)·r, r = 1/√(σ² + ε) over the last dimension)
 /// given `g = ∂loss/∂y`: `∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂))`, `∂γ = Σ g·x̂` and
-/// `∂β = Σ g` over the rows. μ and r are recomputed from `x`, in two passes. On a CUDA device,
-/// one kernel (`kernels/elementwise.cu`) where candle's ops take about twenty passes.
+/// `∂β = Σ g` over the rows. μ and r are recomputed from `x`, in two passes. (On a CUDA device
+/// the engine's kernel does this in one, `kernels/elementwise.cu`.)
 fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3> {
-    #[cfg(mosaic_gpu)]
-    if x.device().is_cuda() && crate::kernels::elementwise::layer_norm_fits(x.dim(D::Minus1)?) {
-        let (dx, dgamma, dbeta) =
-            crate::kernels::elementwise::layer_norm_backward(x, gamma, g, LN_EPS)?;
-        return Ok((Some(dx.reshape(x.shape())?), Some(dgamma), Some(dbeta)));
-    }
-    layer_norm_backward_composed(x, gamma, g)
-}
-
-/// [`layer_norm_backward`] composed of candle ops: the CPU's, and the kernel's reference.
-fn layer_norm_backward_composed(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3> {
     let dim = x.dim(D::Minus1)?;
     let rows = x.elem_count() / dim;
     let x2 = x.detach().reshape((rows, dim))?;
@@ -287,11 +284,7 @@ fn layer_norm_backward_composed(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Resul
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     #[cfg(mosaic_gpu)]
     if x.device().is_cuda() {
-        let y = x.detach().gelu()?;
-        let backward = |x: &Tensor, _y: &Tensor, g: &Tensor| {
-            crate::kernels::elementwise::gelu_backward(x, g).map(Some)
-        };
-        return with_backward(x, y, "gelu", Box::new(backward));
+        return crate::kernels::elementwise::gelu(x);
     }
     x.gelu()
 }
