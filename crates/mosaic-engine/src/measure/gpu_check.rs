@@ -11,8 +11,10 @@
 //! model on the GPU against the CPU (loss and every gradient), modules one after another and
 //! the encoders co-located, and ten steps whose loss must fall; SM confinement by timing (the
 //! same bf16 matmuls on 16 SMs and on 128); and co-location (two 64-SM slots launched from two
-//! threads at once against each alone); and a small GPU profile sweep and colocations (`mosaic
-//! measure profile|colocations --device cuda`).
+//! threads at once against each alone); a small GPU profile sweep and colocations (`mosaic
+//! measure profile|colocations --device cuda`); and last the fused attention kernels against
+//! composed attention, both timed (`models::flash::check`). The block and the training steps
+//! run through the engine's LayerNorm, GELU and bias kernels (`kernels/elementwise.cu`).
 
 use serde::Serialize;
 
@@ -253,11 +255,12 @@ mod compute {
             }
         }
         out.push(outcome("fused AdamW", || adamw(device)));
-        out.push(outcome("fused attention", || attention(device)));
         out.push(outcome("SM confinement", || confinement(device)));
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
+        // Last: a kernel fault would end the CUDA context, and every check after it.
+        out.push(outcome("fused attention", || attention(device)));
     }
 
     /// The fused attention kernels against composed attention, and both timed
