@@ -69,6 +69,17 @@ __device__ __forceinline__ void product(float *c, int ldc, bool add, const bf16 
     wmma::store_matrix_sync(c, acc, ldc, wmma::mem_row_major);
 }
 
+// The maximum and the sum of a value over the 32 lanes of a warp, on every lane.
+__device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
 typedef wmma::row_major Row;
 typedef wmma::col_major Col;
 
@@ -88,8 +99,10 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int row0, 
 // Bytes of dynamic shared memory the forward kernel of head dimension D takes.
 #define FWD_SMEM(D) (3 * TILE * (D) * 2 + TILE * TILE * 4 + TILE * TILE * 2 + TILE * (D) * 4)
 
-// One block: TILE query rows of one (sample, head); warp w owns rows 16w … 16w+15, and within
-// the warp each row belongs to two lanes (lane/2 the row, lane%2 the half of its columns).
+// One block: TILE query rows of one (sample, head); warp w owns rows 16w … 16w+15 and walks
+// them one at a time, its lanes along the row (lane c reads columns c, c + 32, …), so that the
+// lanes of a warp touch 32 consecutive words of shared memory, one per bank. Each lane keeps
+// every row's running maximum and sum (the same values on every lane).
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                               const bf16 *__restrict__ v, bf16 *__restrict__ o,
@@ -105,12 +118,15 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     const int bh = blockIdx.y, q0 = blockIdx.x * TILE;
     const size_t base = (size_t)bh * T * D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = warp * 16 + lane / 2, half = lane % 2;
-    const int qi = q0 + row;
 
     load_tile<D>(Qs, q + base, q0, T);
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) Os[i] = 0.f;
-    float m = NEG_INF, l = 0.f;
+    float m[16], l[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+        m[rr] = NEG_INF;
+        l[rr] = 0.f;
+    }
     int tiles = (T + TILE - 1) / TILE;
     if (causal) tiles = min(tiles, (int)blockIdx.x + 1);
     __syncthreads();
@@ -127,33 +143,35 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
                                  Ks + n * 16 * D, D);
         __syncwarp();
 
-        // Online softmax: mask, new running maximum, probabilities, rescale what came before.
-        float *srow = Ss + row * TILE + half * (TILE / 2);
-        float mx = NEG_INF;
-        for (int c = 0; c < TILE / 2; ++c) {
-            const int key = k0 + half * (TILE / 2) + c;
-            float s = srow[c];
-            if (key >= T || (causal && key > qi)) s = NEG_INF;
-            srow[c] = s;
-            mx = fmaxf(mx, s);
+        // Online softmax, row by row: mask, new running maximum, probabilities, rescale what
+        // came before.
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) {
+            const int row = warp * 16 + rr, qi = q0 + row;
+            const float *srow = Ss + row * TILE;
+            float s[TILE / 32];
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < TILE / 32; ++j) {
+                const int key = k0 + lane + 32 * j;
+                s[j] = (key >= T || (causal && key > qi)) ? NEG_INF : srow[lane + 32 * j];
+                mx = fmaxf(mx, s[j]);
+            }
+            const float m_new = fmaxf(m[rr], warp_max(mx));
+            // -inf only while every key seen so far is masked: then every weight is 0.
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = __expf(m[rr] - m_use);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < TILE / 32; ++j) {
+                const float p = __expf(s[j] - m_use);
+                sum += p;
+                Ps[row * TILE + lane + 32 * j] = __float2bfloat16(p);
+            }
+            l[rr] = l[rr] * alpha + warp_sum(sum);
+            m[rr] = m_new;
+            for (int c = lane; c < D; c += 32) Os[row * D + c] *= alpha;
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float m_new = fmaxf(m, mx);
-        // -inf only while every key seen so far is masked: then every weight is 0.
-        const float m_use = m_new == NEG_INF ? 0.f : m_new;
-        const float alpha = __expf(m - m_use);
-        float sum = 0.f;
-        bf16 *prow = Ps + row * TILE + half * (TILE / 2);
-        for (int c = 0; c < TILE / 2; ++c) {
-            const float p = __expf(srow[c] - m_use);
-            sum += p;
-            prow[c] = __float2bfloat16(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * alpha + sum;
-        m = m_new;
-        float *orow = Os + row * D + half * (D / 2);
-        for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
         __syncwarp();
 
         // O += P V for the warp's 16 rows.
@@ -163,12 +181,14 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
         __syncthreads();  // every warp is done with this tile's keys and values
     }
 
-    if (qi < T) {
-        const float inv = 1.f / l;
-        const float *orow = Os + row * D + half * (D / 2);
-        bf16 *out = o + base + (size_t)qi * D + half * (D / 2);
-        for (int c = 0; c < D / 2; ++c) out[c] = __float2bfloat16(orow[c] * inv);
-        if (half == 0) lse[(size_t)bh * T + qi] = m + __logf(l);
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+        const int row = warp * 16 + rr, qi = q0 + row;
+        if (qi >= T) continue;
+        const float inv = 1.f / l[rr];
+        bf16 *out = o + base + (size_t)qi * D;
+        for (int c = lane; c < D; c += 32) out[c] = __float2bfloat16(Os[row * D + c] * inv);
+        if (lane == 0) lse[(size_t)bh * T + qi] = m[rr] + __logf(l[rr]);
     }
 }
 
@@ -179,7 +199,8 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 
 // One block: TILE keys of one (sample, head), warp w owning keys 16w … 16w+15; it walks the
 // query tiles that can see them, accumulates dK and dV in shared memory and adds its share of
-// dQ to device memory atomically. `dd` holds each query row's Σ dO·O.
+// dQ to device memory atomically. `dd` holds each query row's Σ dO·O. Elementwise work walks
+// rows with the lanes along them, as in the forward kernel.
 template <int D>
 __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                                const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
@@ -203,8 +224,9 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     const int bh = blockIdx.y, k0 = blockIdx.x * TILE;
     const size_t base = (size_t)bh * T * D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int krow = warp * 16 + lane / 2, half = lane % 2;
-    const int key = k0 + krow;
+    // In a warp's 16 × 16 scratch tile, lanes 0–15 take an even row and 16–31 the odd one
+    // after it: 32 distinct banks.
+    const int pair = lane / 16, col = lane % 16;
     float *mine = scratch + warp * 256;
 
     load_tile<D>(Ks, k + base, k0, T);
@@ -231,13 +253,15 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         __syncwarp();
 
         // Pᵀ = exp(Sᵀ − lse), 0 where masked, in f32 (for dS) and bf16 (for dV).
-        for (int c = 0; c < TILE / 2; ++c) {
-            const int qq = half * (TILE / 2) + c, qi = q0 + qq;
-            const int at = krow * TILE + qq;
-            const bool masked = key >= T || qi >= T || (causal && key > qi);
-            const float p = masked ? 0.f : __expf(Ps32[at] - lse_s[qq]);
-            Ps32[at] = p;
-            Ps[at] = __float2bfloat16(p);
+        for (int rr = 0; rr < 16; ++rr) {
+            const int krow = warp * 16 + rr, key = k0 + krow;
+            for (int qq = lane; qq < TILE; qq += 32) {
+                const int qi = q0 + qq, at = krow * TILE + qq;
+                const bool masked = key >= T || qi >= T || (causal && key > qi);
+                const float p = masked ? 0.f : __expf(Ps32[at] - lse_s[qq]);
+                Ps32[at] = p;
+                Ps[at] = __float2bfloat16(p);
+            }
         }
         __syncwarp();
 
@@ -250,10 +274,8 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         for (int n = 0; n < TILE / 16; ++n) {
             product<D, Row, Col>(mine, 16, false, Vs + warp * 16 * D, D, dOs + n * 16 * D, D);
             __syncwarp();
-            const int r = lane / 2;
-            for (int c = 0; c < 8; ++c) {
-                const int col = half * 8 + c, qq = n * 16 + col;
-                const int at = (warp * 16 + r) * TILE + qq;
+            for (int r = pair; r < 16; r += 2) {
+                const int qq = n * 16 + col, at = (warp * 16 + r) * TILE + qq;
                 dSs[at] = __float2bfloat16(Ps32[at] * (mine[r * 16 + col] - dd_s[qq]));
             }
             __syncwarp();
@@ -270,10 +292,9 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         for (int t = 0; t < D / 16; ++t) {
             product<TILE, Col, Row>(mine, 16, false, dSs + warp * 16, TILE, Ks + t * 16, D);
             __syncwarp();
-            const int r = lane / 2, qi = q0 + warp * 16 + r;
-            if (qi < T) {
-                float *to = dq + base + (size_t)qi * D + t * 16 + half * 8;
-                for (int c = 0; c < 8; ++c) atomicAdd(to + c, mine[r * 16 + half * 8 + c]);
+            for (int r = pair; r < 16; r += 2) {
+                const int qi = q0 + warp * 16 + r;
+                if (qi < T) atomicAdd(dq + base + (size_t)qi * D + t * 16 + col, mine[r * 16 + col]);
             }
             __syncwarp();
         }
