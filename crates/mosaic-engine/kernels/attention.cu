@@ -6,9 +6,11 @@
 // batched GEMMs around a materialised softmax, and its backward's five more passes over the
 // scores), which the H200 measurements of 2026-11-26 found the largest cost of a step.
 //
-// Layout: q, k, v, o, dO are contiguous bf16 `[batch·heads, tokens, D]`, q already scaled by
-// 1/√D; lse and the row dots are f32 `[batch·heads, tokens]`; dq accumulates in f32 (zeroed by
-// the host) through atomics, as FlashAttention-2 does. D (the head dimension) is a multiple of
+// Layout: q, k, v, o, dO are contiguous bf16 `[batch·heads, tokens, D]` (q, k and v may be
+// thirds of one `[3, batch·heads, tokens, D]` tensor, and dk, dv, dq thirds of its gradient);
+// the scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch·heads, tokens]`; dq
+// accumulates in f32 (zeroed by the host) through atomics, as FlashAttention-2 does, and is
+// cast to bf16 by `mosaic_f32_to_bf16`. D (the head dimension) is a multiple of
 // 16 up to 128, one kernel each. Every matrix product is WMMA 16×16×16 (bf16 in, f32
 // accumulate) between tiles in shared memory; the elementwise work (masking, exponentials,
 // rescaling) reads and writes shared memory, so nothing depends on the fragments' private
@@ -106,7 +108,7 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int row0, 
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                               const bf16 *__restrict__ v, bf16 *__restrict__ o,
-                                              float *__restrict__ lse, int T, int causal) {
+                                              float *__restrict__ lse, int T, int causal, float scale) {
     DYNAMIC_SMEM(smem);
     bf16 *Qs = reinterpret_cast<bf16 *>(smem);       // [TILE, D]
     bf16 *Ks = Qs + TILE * D;                        // [TILE, D]
@@ -154,7 +156,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 #pragma unroll
             for (int j = 0; j < TILE / 32; ++j) {
                 const int key = k0 + lane + 32 * j;
-                s[j] = (key >= T || (causal && key > qi)) ? NEG_INF : srow[lane + 32 * j];
+                s[j] = (key >= T || (causal && key > qi)) ? NEG_INF : scale * srow[lane + 32 * j];
                 mx = fmaxf(mx, s[j]);
             }
             const float m_new = fmaxf(m[rr], warp_max(mx));
@@ -206,7 +208,7 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
                                                const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
                                                const float *__restrict__ lse, const float *__restrict__ dd,
                                                float *__restrict__ dq, bf16 *__restrict__ dk,
-                                               bf16 *__restrict__ dv, int T, int causal) {
+                                               bf16 *__restrict__ dv, int T, int causal, float scale) {
     DYNAMIC_SMEM(smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(smem);  // [TILE keys, D]
     bf16 *Vs = Ks + TILE * D;                   // [TILE keys, D]
@@ -246,19 +248,19 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         }
         __syncthreads();
 
-        // Sᵀ = K Qᵀ for the warp's 16 keys.
+        // Sᵀ = K Qᵀ for the warp's 16 keys (unscaled).
         for (int n = 0; n < TILE / 16; ++n)
             product<D, Row, Col>(Ps32 + warp * 16 * TILE + n * 16, TILE, false, Ks + warp * 16 * D, D,
                                  Qs + n * 16 * D, D);
         __syncwarp();
 
-        // Pᵀ = exp(Sᵀ − lse), 0 where masked, in f32 (for dS) and bf16 (for dV).
+        // Pᵀ = exp(scale·Sᵀ − lse), 0 where masked, in f32 (for dS) and bf16 (for dV).
         for (int rr = 0; rr < 16; ++rr) {
             const int krow = warp * 16 + rr, key = k0 + krow;
             for (int qq = lane; qq < TILE; qq += 32) {
                 const int qi = q0 + qq, at = krow * TILE + qq;
                 const bool masked = key >= T || qi >= T || (causal && key > qi);
-                const float p = masked ? 0.f : __expf(Ps32[at] - lse_s[qq]);
+                const float p = masked ? 0.f : __expf(scale * Ps32[at] - lse_s[qq]);
                 Ps32[at] = p;
                 Ps[at] = __float2bfloat16(p);
             }
@@ -281,20 +283,20 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             __syncwarp();
         }
 
-        // dK += dSᵀ Q.
+        // dK += dSᵀ Q (scaled once, when written).
         for (int t = 0; t < D / 16; ++t)
             product<TILE, Row, Row>(dKs + warp * 16 * D + t * 16, D, true, dSs + warp * 16 * TILE, TILE,
                                     Qs + t * 16, D);
         __syncthreads();  // every warp's dSᵀ is written
 
-        // dQ += dS K for queries 16w … 16w+15 of the tile, over the block's TILE keys: dS is
+        // dQ += scale · dS K for queries 16w … 16w+15 of the tile, over the block's TILE keys: dS is
         // dSᵀ read column-major.
         for (int t = 0; t < D / 16; ++t) {
             product<TILE, Col, Row>(mine, 16, false, dSs + warp * 16, TILE, Ks + t * 16, D);
             __syncwarp();
             for (int r = pair; r < 16; r += 2) {
                 const int qi = q0 + warp * 16 + r;
-                if (qi < T) atomicAdd(dq + base + (size_t)qi * D + t * 16 + col, mine[r * 16 + col]);
+                if (qi < T) atomicAdd(dq + base + (size_t)qi * D + t * 16 + col, scale * mine[r * 16 + col]);
             }
             __syncwarp();
         }
@@ -303,10 +305,18 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) {
         const int r = i / D, c = i % D;
         if (k0 + r < T) {
-            dk[base + (size_t)(k0 + r) * D + c] = __float2bfloat16(dKs[i]);
+            dk[base + (size_t)(k0 + r) * D + c] = __float2bfloat16(scale * dKs[i]);
             dv[base + (size_t)(k0 + r) * D + c] = __float2bfloat16(dVs[i]);
         }
     }
+}
+
+// dst = src in bf16, `n` values (dq's f32 accumulator into its bf16 place).
+extern "C" __global__ void mosaic_f32_to_bf16(const float *__restrict__ src, bf16 *__restrict__ dst,
+                                             unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16(src[i]);
 }
 
 // Σ_d dO·O of each of `rows` rows of D values (the backward pass's D_i), one warp a row.
@@ -324,13 +334,13 @@ extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, cons
 #define FLASH_KERNELS(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
         mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *lse,  \
-                                 int T, int causal) {                                                \
-        flash_forward<D>(q, k, v, o, lse, T, causal);                                                \
+                                 int T, int causal, float scale) {                                   \
+        flash_forward<D>(q, k, v, o, lse, T, causal, scale);                                         \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(THREADS) mosaic_flash_backward_##D(                 \
         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,            \
-        const float *dd, float *dq, bf16 *dk, bf16 *dv, int T, int causal) {                         \
-        flash_backward<D>(q, k, v, dout, lse, dd, dq, dk, dv, T, causal);                            \
+        const float *dd, float *dq, bf16 *dk, bf16 *dv, int T, int causal, float scale) {            \
+        flash_backward<D>(q, k, v, dout, lse, dd, dq, dk, dv, T, causal, scale);                     \
     }
 
 FLASH_KERNELS(16)

@@ -370,20 +370,22 @@ impl Attention {
             .forward_in_compute(x)?
             .reshape((b, t, 3, self.heads, hd))?
             .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
-        let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?;
-        let k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
         let fused = match mask {
-            None => flash::attention(&q, &k, &v, self.causal)?,
+            None => flash::attention(&qkv, self.causal)?,
             Some(_) => None,
         };
         let y = match fused {
             Some(y) => y,
-            None if self.causal => {
-                let causal = self.causal_mask(t, dtype, x.device())?;
-                composed_attention(&q, &k, &v, &[Some(&causal), mask])?
+            None => {
+                let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?;
+                let (k, v) = (qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
+                if self.causal {
+                    let causal = self.causal_mask(t, dtype, x.device())?;
+                    composed_attention(&q, &k, &v, &[Some(&causal), mask])?
+                } else {
+                    composed_attention(&q, &k, &v, &[mask])?
+                }
             }
-            None => composed_attention(&q, &k, &v, &[mask])?,
         };
         let y = y.transpose(1, 2)?.reshape((b, t, dim))?; // from [b, heads, t, hd]
         self.out.forward_in_compute(&y)?.to_dtype(DType::F32)

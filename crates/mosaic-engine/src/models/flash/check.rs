@@ -61,9 +61,10 @@ pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
     ))
 }
 
-/// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16) and the gradients of
-/// Σ y·w: `[y, dq, dk, dv]`. Fused, in bf16; or composed, in f32 for the accuracy cases and
-/// bf16 at [`TIMED`] (the form the layer would otherwise run).
+/// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16; scores scaled by 1/√d) and
+/// the gradients of Σ y·w: `[y, dq, dk, dv]`. Fused (q, k, v stacked as the kernels take them),
+/// in bf16; or composed, in f32 for the accuracy cases and bf16 at [`TIMED`] (the form the layer
+/// would otherwise run).
 fn run(
     dev: &Device,
     shape: (usize, usize, usize, usize),
@@ -81,18 +82,16 @@ fn run(
         let x = Tensor::from_vec(SplitMix64::new(seed).normals(n, std), shape, dev)?;
         Var::from_tensor(&x.to_dtype(DType::BF16)?.to_dtype(dtype)?)
     };
-    let (q, k, v) = (
-        draw(1, (d as f64).powf(-0.5))?,
-        draw(2, 1.0)?,
-        draw(3, 1.0)?,
-    );
+    let (q, k, v) = (draw(1, 1.0)?, draw(2, 1.0)?, draw(3, 1.0)?);
     let w = Tensor::from_vec(SplitMix64::new(4).normals(n, 1.0), shape, dev)?;
     let y = if fused {
-        super::attention(&q, &k, &v, causal)?
+        let qkv = Tensor::stack(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?;
+        super::attention(&qkv, causal)?
             .ok_or_else(|| candle_core::Error::Msg("the fused kernels did not run".into()))?
     } else {
         let mask = causal.then(|| causal_mask(t, dtype, dev)).transpose()?;
-        composed_attention(&q, &k, &v, &[mask.as_ref()])?
+        let scaled = (q.as_tensor() * (d as f64).powf(-0.5))?;
+        composed_attention(&scaled, &k, &v, &[mask.as_ref()])?
     };
     let grads = (y.to_dtype(DType::F32)? * w)?.sum_all()?.backward()?;
     let mut out = vec![y];

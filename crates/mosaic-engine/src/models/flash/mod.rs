@@ -8,15 +8,17 @@
 
 use candle_core::{Result, Tensor};
 
-/// `softmax(q kᵀ + causal mask) · v` of `q`, `k`, `v` (`[batch, heads, tokens, head dim]`, q
-/// already scaled by 1/√(head dim)) as one node of their tape, computed by the fused kernels:
-/// `None` where they cannot run it (see the module's doc), and then the caller composes it.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Option<Tensor>> {
+/// `softmax(q kᵀ/√d + causal mask) · v` of `qkv` = `[q, k, v]` (`[3, batch, heads, tokens,
+/// d]`, any strides: a view of a projection's output) as one node of its tape, `[batch, heads,
+/// tokens, d]`, computed by the fused kernels: `None` where they cannot run it (see the
+/// module's doc), and then the caller composes it. Taking the three as one tensor, the backward
+/// pass writes their gradient as one (split q, k, v would each be padded back to the whole).
+pub fn attention(qkv: &Tensor, causal: bool) -> Result<Option<Tensor>> {
     #[cfg(mosaic_gpu)]
-    if cuda::runs(q) {
-        return cuda::attention(q, k, v, causal).map(Some);
+    if cuda::runs(qkv) {
+        return cuda::attention(qkv, causal).map(Some);
     }
-    let _ = (q, k, v, causal);
+    let _ = (qkv, causal);
     Ok(None)
 }
 
