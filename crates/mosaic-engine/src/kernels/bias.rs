@@ -5,11 +5,10 @@
 //! time and accumulates in bf16.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-use candle_core::{
-    bail, CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor,
-};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-use super::{address, storage_address, ELEMENTWISE_PTX};
+use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
 
 /// Threads a block, along the columns.
 const THREADS: u32 = 256;
@@ -72,11 +71,7 @@ impl CustomOp2 for BiasAdd {
         let out = unsafe { dev.alloc::<half::bf16>(rows * cols) }?;
         let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
         if rows * cols > 0 {
-            let func = dev.get_or_load_custom_func(
-                "mosaic_bias_add_bf16",
-                "mosaic_elementwise",
-                ELEMENTWISE_PTX,
-            )?;
+            let func = kernel(&dev, &ELEMENTWISE, "mosaic_bias_add_bf16", 0)?;
             let out_layout = Layout::contiguous(y_layout.shape());
             let (y_at, bias_at, out_at) = (
                 storage_address(y, y_layout, &stream)?,
@@ -84,7 +79,7 @@ impl CustomOp2 for BiasAdd {
                 storage_address(&out, &out_layout, &stream)?,
             );
             let (rows_i, cols_i) = (rows as i32, cols as i32);
-            let mut launch = func.builder();
+            let mut launch = stream.launch_builder(&func);
             launch
                 .arg(&y_at)
                 .arg(&bias_at)
@@ -103,7 +98,7 @@ impl CustomOp2 for BiasAdd {
             // SAFETY: the arguments match `mosaic_bias_add_bf16`'s (three device addresses, two
             // i32); y and out hold rows·cols bf16 and the bias cols f32, contiguous, alive past
             // the launch in stream order.
-            unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            unsafe { launch.launch(config) }.w()?;
         }
         Ok((out, y_layout.shape().clone()))
     }
@@ -121,23 +116,17 @@ impl CustomOp2 for BiasAdd {
 
 /// The sums over the rows of `g` (bf16 `[rows, cols]`), f32 `[cols]`.
 fn column_sums(g: &Tensor) -> Result<Tensor> {
-    let Device::Cuda(dev) = g.device() else {
-        bail!("the bias gradient runs on CUDA devices only")
-    };
+    let dev = cuda_device(g, "the bias gradient")?;
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
     let (rows, cols) = g.dims2()?;
     let row_blocks = rows.clamp(1, ROW_BLOCKS);
     let part = Tensor::zeros((row_blocks, cols), DType::F32, g.device())?;
     if rows * cols > 0 {
-        let func = dev.get_or_load_custom_func(
-            "mosaic_column_sums_bf16",
-            "mosaic_elementwise",
-            ELEMENTWISE_PTX,
-        )?;
+        let func = kernel(dev, &ELEMENTWISE, "mosaic_column_sums_bf16", 0)?;
         let stream = dev.cuda_stream();
         let (g_at, part_at) = (address(&g, &stream)?, address(&part, &stream)?);
         let (rows_i, cols_i) = (rows as i32, cols as i32);
-        let mut launch = func.builder();
+        let mut launch = stream.launch_builder(&func);
         launch.arg(&g_at).arg(&part_at).arg(&rows_i).arg(&cols_i);
         let config = LaunchConfig {
             grid_dim: (cols.div_ceil(THREADS as usize) as u32, row_blocks as u32, 1),
@@ -147,7 +136,7 @@ fn column_sums(g: &Tensor) -> Result<Tensor> {
         // SAFETY: the arguments match `mosaic_column_sums_bf16`'s (two device addresses, two
         // i32); g holds rows·cols bf16 and part row_blocks·cols f32, contiguous, alive past the
         // launch in stream order.
-        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        unsafe { launch.launch(config) }.w()?;
     }
     part.sum(0)
 }

@@ -7,12 +7,12 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{
-    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape,
-    Tensor,
+    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
-use super::{address, storage_address, ELEMENTWISE_PTX};
+use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
 
 /// Threads a block.
 const THREADS: u32 = 256;
@@ -20,13 +20,6 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: usize = 1024;
 /// Shared memory a block may use without asking (∂γ and ∂β of a row, 2·dim floats).
 const SMEM_LIMIT: usize = 48 * 1024;
-
-fn cuda(t: &Tensor) -> Result<&candle_core::CudaDevice> {
-    match t.device() {
-        Device::Cuda(dev) => Ok(dev),
-        _ => bail!("the engine's elementwise kernels run on CUDA devices only"),
-    }
-}
 
 /// Whether [`layer_norm`] runs rows of `dim` features.
 pub fn layer_norm_fits(dim: usize) -> bool {
@@ -87,11 +80,7 @@ impl CustomOp3 for LayerNormOp {
         // SAFETY: the kernel writes every element before anything reads it.
         let y = CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(rows * dim) }?, dev.clone());
         if rows > 0 {
-            let func = dev.get_or_load_custom_func(
-                "mosaic_layer_norm_f32",
-                "mosaic_elementwise",
-                ELEMENTWISE_PTX,
-            )?;
+            let func = kernel(&dev, &ELEMENTWISE, "mosaic_layer_norm_f32", 0)?;
             let (x_at, gamma_at, beta_at, y_at) = (
                 storage_address(x, x_layout, &stream)?,
                 storage_address(gamma, gamma_layout, &stream)?,
@@ -99,7 +88,7 @@ impl CustomOp3 for LayerNormOp {
                 storage_address(&y, &Layout::contiguous(shape), &stream)?,
             );
             let (rows_i, dim_i, eps) = (rows as i32, dim as i32, self.eps as f32);
-            let mut launch = func.builder();
+            let mut launch = stream.launch_builder(&func);
             launch
                 .arg(&x_at)
                 .arg(&gamma_at)
@@ -120,7 +109,7 @@ impl CustomOp3 for LayerNormOp {
             // SAFETY: the arguments match `mosaic_layer_norm_f32`'s (four device addresses, two
             // i32, an f32); x and y hold rows·dim f32 and γ, β dim each, contiguous, alive past
             // the launch in stream order.
-            unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            unsafe { launch.launch(config) }.w()?;
         }
         Ok((y, shape.clone()))
     }
@@ -167,42 +156,33 @@ impl CustomOp1 for GeluOp {
     }
 }
 
-/// The gradients `(∂x, ∂γ, ∂β)` of `y = LayerNorm(x)·γ + β` over the last dimension (f32,
-/// variance guard `eps`) given `g = ∂loss/∂y`, as `nn::layer_norm_backward` composes them; ∂x
-/// in `x`'s shape.
+/// The gradients `(∂x, ∂γ, ∂β)` of `y = LayerNorm(x)·γ + β` over the last dimension (f32, rows
+/// that [`layer_norm_fits`], variance guard `eps`) given `g = ∂loss/∂y`, as
+/// `nn::layer_norm_backward` composes them; ∂x in `x`'s shape.
 fn layer_norm_backward(
     x: &Tensor,
     gamma: &Tensor,
     g: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let dev = cuda(x)?;
+    let dev = cuda_device(x, "the engine's elementwise kernels")?;
     let dim = x.dim(candle_core::D::Minus1)?;
     let rows = x.elem_count() / dim.max(1);
-    if !layer_norm_fits(dim) {
-        bail!(
-            "the LayerNorm kernel takes rows of at most {} features, not {dim}",
-            SMEM_LIMIT / 8
-        )
-    }
-    let x = x.detach().to_dtype(DType::F32)?.contiguous()?;
+    // The op's forward pass checked the dtypes and the width.
+    let x = x.detach().contiguous()?;
     let g = g.to_dtype(DType::F32)?.contiguous()?;
     let gamma = gamma.detach().to_dtype(DType::F32)?.contiguous()?;
     let dx = Tensor::zeros(x.shape(), DType::F32, x.device())?;
     let blocks = rows.div_ceil((THREADS / 32) as usize).clamp(1, MAX_BLOCKS);
     let part = Tensor::zeros((blocks, 2, dim), DType::F32, x.device())?;
     if rows > 0 {
-        let func = dev.get_or_load_custom_func(
-            "mosaic_layer_norm_backward_f32",
-            "mosaic_elementwise",
-            ELEMENTWISE_PTX,
-        )?;
+        let func = kernel(dev, &ELEMENTWISE, "mosaic_layer_norm_backward_f32", 0)?;
         let stream = dev.cuda_stream();
         let at = |t: &Tensor| address(t, &stream);
         let (x_at, gamma_at, g_at, dx_at, part_at) =
             (at(&x)?, at(&gamma)?, at(&g)?, at(&dx)?, at(&part)?);
         let (rows_i, dim_i, eps) = (rows as i32, dim as i32, eps as f32);
-        let mut launch = func.builder();
+        let mut launch = stream.launch_builder(&func);
         launch
             .arg(&x_at)
             .arg(&gamma_at)
@@ -220,7 +200,7 @@ fn layer_norm_backward(
         // SAFETY: the arguments match `mosaic_layer_norm_backward_f32`'s (five device
         // addresses, two i32, an f32); x, g and dx hold rows·dim f32, γ dim and the partials
         // blocks·2·dim, all contiguous, alive past the launch in stream order.
-        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        unsafe { launch.launch(config) }.w()?;
     }
     let sums = part.sum(0)?; // [2, dim]
     Ok((dx.reshape(x.shape())?, sums.get(0)?, sums.get(1)?))
@@ -229,7 +209,7 @@ fn layer_norm_backward(
 /// `∂loss/∂x` of `gelu(x)` (candle's tanh form) given `g = ∂loss/∂gelu(x)`, in `x`'s dtype
 /// (f32 or bf16).
 fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
-    let dev = cuda(x)?;
+    let dev = cuda_device(x, "the engine's elementwise kernels")?;
     let dtype = x.dtype();
     let name = match dtype {
         DType::F32 => "mosaic_gelu_backward_f32",
@@ -241,11 +221,11 @@ fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
     let dx = Tensor::zeros(x.shape(), dtype, x.device())?;
     let n = x.elem_count();
     if n > 0 {
-        let func = dev.get_or_load_custom_func(name, "mosaic_elementwise", ELEMENTWISE_PTX)?;
+        let func = kernel(dev, &ELEMENTWISE, name, 0)?;
         let stream = dev.cuda_stream();
         let at = |t: &Tensor| address(t, &stream);
         let (x_at, g_at, dx_at, count) = (at(&x)?, at(&g)?, at(&dx)?, n as u64);
-        let mut launch = func.builder();
+        let mut launch = stream.launch_builder(&func);
         launch.arg(&x_at).arg(&g_at).arg(&dx_at).arg(&count);
         let config = LaunchConfig {
             grid_dim: (
@@ -259,7 +239,7 @@ fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
         // SAFETY: the arguments match the kernel's (three device addresses, a u64 count); x, g
         // and dx hold `count` contiguous elements of `dtype`, alive past the launch in stream
         // order.
-        unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        unsafe { launch.launch(config) }.w()?;
     }
     Ok(dx)
 }

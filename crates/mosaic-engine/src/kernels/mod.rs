@@ -1,25 +1,67 @@
 //! The engine's own CUDA kernels (`kernels/*.cu`, compiled to PTX by the build script in the
-//! GPU build only): their PTX, the device addresses their launches take, and the launches of
-//! the one-pass backward passes of LayerNorm and GELU ([`elementwise`]) and of a Linear
-//! layer's bias ([`bias`]). `kernels/emulated/`
-//! runs their source on a CPU for the tests (`tests/kernels.rs`).
+//! GPU build only): their PTX, what every launch takes (the device, the loaded kernel, device
+//! addresses), and the ops built on them: LayerNorm and GELU ([`elementwise`]) and a Linear
+//! layer's bias ([`bias`]); fused attention's are in `models::flash`, AdamW's in
+//! `runtime::optim`. `kernels/emulated/` runs their source on a CPU for the tests
+//! (`tests/kernels.rs`).
 
 pub mod bias;
 pub mod elementwise;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr};
-use candle_core::cuda_backend::CudaStorageSlice;
-use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, DevicePtr};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{bail, CudaDevice, CudaStorage, Device, Layout, Result, Storage, Tensor};
+
+/// One `.cu` file's PTX, loaded once per device as a module of this name.
+pub struct Ptx {
+    module: &'static str,
+    source: &'static str,
+}
 
 /// `kernels/adamw.cu`: AdamW on one parameter tensor in one pass.
-pub const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
+pub const ADAMW: Ptx = Ptx {
+    module: "mosaic_adamw",
+    source: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+};
 
-/// `kernels/elementwise.cu`: LayerNorm's and GELU's backward passes, one pass each.
-pub const ELEMENTWISE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx"));
+/// `kernels/elementwise.cu`: LayerNorm forward and backward, GELU's backward pass, a bias and
+/// its gradient, one pass each.
+pub const ELEMENTWISE: Ptx = Ptx {
+    module: "mosaic_elementwise",
+    source: include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx")),
+};
 
 /// `kernels/attention.cu`: FlashAttention-2's forward and backward passes.
-pub const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
+pub const ATTENTION: Ptx = Ptx {
+    module: "mosaic_attention",
+    source: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
+};
+
+/// The CUDA device `t` is on; else an error saying that `what` runs on CUDA devices only.
+pub fn cuda_device<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaDevice> {
+    match t.device() {
+        Device::Cuda(dev) => Ok(dev),
+        _ => bail!("{what} runs on CUDA devices only"),
+    }
+}
+
+/// The kernel `name` of `ptx` on `dev`, allowed `smem` bytes of dynamic shared memory (above
+/// 48 KiB a kernel must ask for it). Launch it with the device's stream's `launch_builder`.
+pub fn kernel(dev: &CudaDevice, ptx: &Ptx, name: &str, smem: u32) -> Result<CudaFunction> {
+    let func = dev
+        .get_or_load_custom_func(name, ptx.module, ptx.source)?
+        .into_cuda_function();
+    if smem > 0 {
+        func.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .w()?;
+    }
+    Ok(func)
+}
 
 /// The device address of the first element of `t`, an f32 or bf16 tensor on a CUDA device,
 /// for a kernel launched on `stream`. The caller keeps `t` alive until that kernel has run (a

@@ -269,14 +269,24 @@ pub fn widest(name: &str, size: f64) -> Result<usize> {
         .unwrap_or(0))
 }
 
-/// One transformer block of the zoo model `name`'s encoder `module` at size `size`: its
-/// dimensions (`layers` as in the whole encoder), the tokens it runs over and whether its
-/// attention is causal.
+/// One transformer block of a zoo encoder.
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderBlock {
+    /// Its dimensions (`layers` as in the whole encoder).
+    pub dims: BlockDims,
+    /// The tokens it runs over.
+    pub tokens: usize,
+    /// Whether its attention is causal.
+    pub causal: bool,
+}
+
+/// The transformer block of the zoo model `name`'s encoder `module` at size `size`; an error
+/// naming the model's encoders when it has no such one.
 pub fn encoder_block(
     name: &str,
     module: &str,
     size: f64,
-) -> std::result::Result<(BlockDims, usize, bool), String> {
+) -> std::result::Result<EncoderBlock, String> {
     let spec = mosaic_zoo::model(name).map_err(|e| e.to_string())?;
     let encoders: Vec<_> = (spec.modules.iter())
         .filter(|m| m.role == Role::Encoder)
@@ -284,7 +294,11 @@ pub fn encoder_block(
     match encoders.iter().find(|m| m.name == module) {
         Some(m) => {
             let shape = Shape::of(m, size);
-            Ok((shape.dims, shape.tokens, shape.causal))
+            Ok(EncoderBlock {
+                dims: shape.dims,
+                tokens: shape.tokens,
+                causal: shape.causal,
+            })
         }
         None => Err(format!(
             "{name} has no encoder \"{module}\"; its encoders: {}",
@@ -404,6 +418,15 @@ pub fn build(name: &str, seed: u64, size: f64, place: &dyn Fn(&str) -> Device) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_encoder_is_named_with_the_ones_there_are() {
+        let message = encoder_block("clip", "audio", 0.05).unwrap_err();
+        assert!(
+            message.contains("\"audio\"") && message.contains("vision, text"),
+            "{message}"
+        );
+    }
 
     fn encoders(name: &str) -> Vec<ModuleSpec> {
         let spec = mosaic_zoo::model(name).unwrap();

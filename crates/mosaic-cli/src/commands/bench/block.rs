@@ -47,22 +47,13 @@ pub fn run(args: &Args) -> Result<()> {
         "cuda" => (Compute::Cuda(0), "bf16"),
         _ => (Compute::Cpu, "f32"),
     };
-    let (dims, tokens, causal) =
-        encoder_block(&args.model, &args.module, args.size).map_err(|e| {
-            BadInput(format!(
-                "--model {:?} --module {:?}: {e}",
-                args.model, args.module
-            ))
-        })?;
-    let pieces = time_block(
-        &args.model,
-        &args.module,
-        args.size,
-        args.batch,
-        compute,
-        args.reps,
-    )
-    .map_err(engine)?;
+    let block = encoder_block(&args.model, &args.module, args.size).map_err(|e| {
+        BadInput(format!(
+            "--model {:?} --module {:?}: {e}",
+            args.model, args.module
+        ))
+    })?;
+    let pieces = time_block(&block, args.batch, compute, args.reps).map_err(engine)?;
     if args.json {
         for p in &pieces {
             let mut line = serde_json::to_value(p)?;
@@ -72,15 +63,16 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} {} block at batch {}: {tokens} tokens{}, width {}, heads {}, MLP {}; {} products on \
+        "{} {} block at batch {}: {} tokens{}, width {}, heads {}, MLP {}; {} products on \
          {}; medians of {} runs",
         args.model,
         args.module,
         args.batch,
-        if causal { " (causal)" } else { "" },
-        dims.dim,
-        dims.heads,
-        dims.mlp,
+        block.tokens,
+        if block.causal { " (causal)" } else { "" },
+        block.dims.dim,
+        block.dims.heads,
+        block.dims.mlp,
         products,
         args.device,
         args.reps

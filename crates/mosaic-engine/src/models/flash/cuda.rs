@@ -1,14 +1,11 @@
 //! The launches of `kernels/attention.cu`: the forward kernel, then in the backward pass the
 //! row dots `Σ dO·O` and the backward kernel, each on the stream of the tensors' device.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::CudaDevice;
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, DType, Result, Tensor};
 
-use crate::kernels::{address, ATTENTION_PTX};
+use crate::kernels::{address, cuda_device, kernel, ATTENTION};
 use crate::models::grad_op::with_backward;
 
 /// Rows of queries (forward) or keys (backward) a block takes: the kernels' `TILE`.
@@ -68,20 +65,6 @@ fn thirds(qkv: &Tensor, stream: &CudaStream) -> Result<[u64; 3]> {
     Ok([base, base + third, base + 2 * third])
 }
 
-/// The kernel `name` of `kernels/attention.cu` on `dev`, allowed `smem` bytes of dynamic shared
-/// memory (above 48 KiB a kernel must ask for it).
-fn kernel(dev: &CudaDevice, name: &str, smem: u32) -> Result<CudaFunction> {
-    let func = dev.get_or_load_custom_func(name, "mosaic_attention", ATTENTION_PTX)?;
-    if smem > 0 {
-        func.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    }
-    Ok(func.into_cuda_function())
-}
-
 /// `t` with its elements in order from the start of its own allocation, 16-byte aligned as
 /// the kernels' vector loads need (a copy only when it is not already).
 fn packed(t: &Tensor) -> Result<Tensor> {
@@ -89,13 +72,6 @@ fn packed(t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
     } else {
         t.force_contiguous()
-    }
-}
-
-fn cuda_device(t: &Tensor) -> Result<&CudaDevice> {
-    match t.device() {
-        Device::Cuda(dev) => Ok(dev),
-        _ => bail!("fused attention runs on CUDA devices only"),
     }
 }
 
@@ -110,8 +86,8 @@ fn dims(qkv: &Tensor) -> Result<(usize, usize, usize)> {
 
 /// The output (bf16 `[batch, heads, tokens, d]`) and each query row's log-sum-exp (f32
 /// `[batch·heads, tokens]`) of a packed `qkv`.
-pub(crate) fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
-    let dev = cuda_device(qkv)?;
+fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_device(qkv, "fused attention")?;
     let (bh, t, d) = dims(qkv)?;
     let qkv = packed(qkv)?;
     let o = Tensor::zeros(&qkv.dims()[1..], DType::BF16, qkv.device())?;
@@ -120,7 +96,7 @@ pub(crate) fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
         return Ok((o, lse));
     }
     let smem = forward_smem(d);
-    let func = kernel(dev, &format!("mosaic_flash_forward_{d}"), smem)?;
+    let func = kernel(dev, &ATTENTION, &format!("mosaic_flash_forward_{d}"), smem)?;
     let stream = dev.cuda_stream();
     let [q_at, k_at, v_at] = thirds(&qkv, &stream)?;
     let (o_at, lse_at) = (address(&o, &stream)?, address(&lse, &stream)?);
@@ -144,20 +120,14 @@ pub(crate) fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
     // and size (five device addresses, two i32, an f32); q, k, v (the thirds of qkv) and o hold
     // `bh·t·d` bf16 and lse `bh·t` f32 of live allocations of this device, which outlive the
     // launch in stream order.
-    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    unsafe { launch.launch(config) }.w()?;
     Ok((o, lse))
 }
 
 /// The gradient of the packed `qkv` (bf16, its shape) given the output `o`, its gradient `g`
 /// and the forward's log-sum-exp: dq, dk and dv written into its thirds.
-pub(crate) fn backward(
-    qkv: &Tensor,
-    o: &Tensor,
-    g: &Tensor,
-    lse: &Tensor,
-    causal: bool,
-) -> Result<Tensor> {
-    let dev = cuda_device(qkv)?;
+fn backward(qkv: &Tensor, o: &Tensor, g: &Tensor, lse: &Tensor, causal: bool) -> Result<Tensor> {
+    let dev = cuda_device(qkv, "fused attention")?;
     let (bh, t, d) = dims(qkv)?;
     let (qkv, o) = (packed(&qkv.detach())?, packed(o)?);
     let g = packed(&g.to_dtype(DType::BF16)?)?;
@@ -173,7 +143,7 @@ pub(crate) fn backward(
     let rows = (bh * t) as i32;
     let (o_at, g_at, dd_at) = (at(&o)?, at(&g)?, at(&dd)?);
     let head_dim = d as i32;
-    let dot = kernel(dev, "mosaic_flash_row_dot", 0)?;
+    let dot = kernel(dev, &ATTENTION, "mosaic_flash_row_dot", 0)?;
     let mut launch = stream.launch_builder(&dot);
     launch
         .arg(&o_at)
@@ -188,10 +158,10 @@ pub(crate) fn backward(
     };
     // SAFETY: the arguments match `mosaic_flash_row_dot`'s (three device addresses, two i32);
     // o and g hold `rows·d` bf16 and dd `rows` f32, alive past the launch.
-    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    unsafe { launch.launch(config) }.w()?;
 
     let smem = backward_smem(d);
-    let func = kernel(dev, &format!("mosaic_flash_backward_{d}"), smem)?;
+    let func = kernel(dev, &ATTENTION, &format!("mosaic_flash_backward_{d}"), smem)?;
     let [q_at, k_at, v_at] = thirds(&qkv, &stream)?;
     let [dq_at, dk_at, dv_at] = thirds(&dqkv, &stream)?;
     let (lse_at, dq32_at) = (at(lse)?, at(&dq32)?);
@@ -219,9 +189,9 @@ pub(crate) fn backward(
     // and size (nine device addresses, two i32, an f32); q, k, v, dq, dk, dv (thirds of qkv and
     // of dqkv), g and dq32 hold `bh·t·d` elements and lse and dd `bh·t`, live allocations of
     // this device, alive past the launch in stream order.
-    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    unsafe { launch.launch(config) }.w()?;
 
-    let cast = kernel(dev, "mosaic_f32_to_bf16", 0)?;
+    let cast = kernel(dev, &ATTENTION, "mosaic_f32_to_bf16", 0)?;
     let n = (bh * t * d) as u64;
     let mut launch = stream.launch_builder(&cast);
     launch.arg(&dq32_at).arg(&dq_at).arg(&n);
@@ -236,6 +206,6 @@ pub(crate) fn backward(
     };
     // SAFETY: the arguments match `mosaic_f32_to_bf16`'s (two device addresses, a u64): dq32
     // holds n f32 and the first third of dqkv n bf16, alive past the launch in stream order.
-    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    unsafe { launch.launch(config) }.w()?;
     Ok(dqkv)
 }

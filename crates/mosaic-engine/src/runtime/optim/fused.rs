@@ -4,10 +4,11 @@
 //! updated in place, on the stream of the parameter's device (its slot's), after the work that
 //! made the gradient.
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, DType, Result, Tensor};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use crate::kernels::{address, ADAMW_PTX};
+use crate::kernels::{address, cuda_device, kernel, ADAMW};
 /// Threads per block.
 const THREADS: u32 = 256;
 /// At most this many blocks (a grid-stride loop covers the rest).
@@ -35,9 +36,7 @@ pub(super) struct Scalars {
 /// Updates `theta`, `m` and `v` (f32, contiguous, one shape, on one CUDA device) in place from
 /// the gradient `g`.
 pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalars) -> Result<()> {
-    let Device::Cuda(dev) = theta.device() else {
-        bail!("the fused AdamW runs on CUDA devices only")
-    };
+    let dev = cuda_device(theta, "the fused AdamW")?;
     let g = g.to_dtype(DType::F32)?.contiguous()?;
     for (what, t) in [("moment m", m), ("moment v", v), ("gradient", &g)] {
         if t.shape() != theta.shape() {
@@ -60,7 +59,7 @@ pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalar
     if n == 0 {
         return Ok(());
     }
-    let func = dev.get_or_load_custom_func("mosaic_adamw_f32", "mosaic_adamw", ADAMW_PTX)?;
+    let func = kernel(dev, &ADAMW, "mosaic_adamw_f32", 0)?;
     let stream = dev.cuda_stream();
     // The kernel writes through the first three addresses: the optimizer owns the moments, and
     // a parameter is written in place just as `Var::set` does. Every tensor outlives this call.
@@ -73,7 +72,7 @@ pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalar
         shared_mem_bytes: 0,
     };
     let n = n as u64;
-    let mut launch = func.builder();
+    let mut launch = stream.launch_builder(&func);
     launch
         .arg(&theta_at)
         .arg(&m_at)
@@ -92,6 +91,6 @@ pub(super) fn step(theta: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, s: Scalar
     // SAFETY: the arguments match the kernel's parameters in number, order and size (four
     // device addresses, an unsigned 64-bit count, nine f32 scalars); each address points at
     // `n` f32s of a live allocation of this device.
-    unsafe { launch.launch(config) }.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    unsafe { launch.launch(config) }.w()?;
     Ok(())
 }
