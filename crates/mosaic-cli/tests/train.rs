@@ -319,6 +319,10 @@ fn bench_block_times_every_piece_of_a_block() {
         ("bench block --device cpu --reps 0", "--reps"),
         ("bench block --device cpu --batch 0", "--batch"),
         ("bench block --device tpu", "--device"),
+        (
+            "bench block --device cpu --batch 4096",
+            "lower --batch or --size",
+        ),
     ]);
 }
 

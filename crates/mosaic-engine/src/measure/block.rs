@@ -55,11 +55,39 @@ pub fn time_block(
 ) -> std::result::Result<Vec<PieceTime>, EngineError> {
     let tensor = EngineError::tensor("bench block");
     match compute {
-        Compute::Cpu => time_pieces(&Device::Cpu, DType::F32, block, batch, reps).map_err(tensor),
+        Compute::Cpu => {
+            fits_in_memory(block, batch)?;
+            time_pieces(&Device::Cpu, DType::F32, block, batch, reps).map_err(tensor)
+        }
         Compute::Cuda(ordinal) => on_gpu(ordinal, |dev| {
             time_pieces(dev, DType::BF16, block, batch, reps).map_err(tensor)
         }),
     }
+}
+
+/// Refuses a block whose pieces would not fit this machine's memory in f32, before anything is
+/// allocated (a host allocation that fails aborts the process; a GPU's reports an error). The
+/// estimate is the whole block's, the largest piece: the composed attention's scores,
+/// probabilities and their gradients (4 · b·h·t² floats), the MLP's hidden activations and
+/// gradients (12 · b·t·mlp), and the rest with the pieces' inputs (24 · b·t·dim).
+fn fits_in_memory(block: &EncoderBlock, batch: usize) -> std::result::Result<(), EngineError> {
+    let (b, t) = (batch as f64, block.tokens as f64);
+    let d = block.dims;
+    let floats = 4.0 * b * d.heads as f64 * t * t
+        + 12.0 * b * t * d.mlp as f64
+        + 24.0 * b * t * d.dim as f64;
+    let need_gib = 4.0 * floats / (1u64 << 30) as f64;
+    let have_gib = super::machine::read_mem_total_gib()?;
+    if need_gib > have_gib {
+        return Err(EngineError::BadSetting {
+            setting: "--batch".into(),
+            message: format!(
+                "this block at batch {batch} needs about {need_gib:.0} GiB on the CPU, and this \
+                 machine has {have_gib:.0} GiB: lower --batch or --size"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `f` with a candle device on every SM of CUDA device `ordinal`.

@@ -163,7 +163,8 @@ fn machine_error(message: String) -> EngineError {
     EngineError::Machine { message }
 }
 
-fn read_mem_total_gib() -> Result<f64, EngineError> {
+/// This machine's physical memory (`MemTotal` of `/proc/meminfo`), in GiB.
+pub(crate) fn read_mem_total_gib() -> Result<f64, EngineError> {
     let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
         machine_error(format!(
             "cannot read /proc/meminfo for the machine's memory: {e}"
