@@ -48,18 +48,25 @@ fn calibrate_writes_a_versioned_file_and_reports_held_out_accuracy() {
     let out = d.join("calibration.json");
     let o = calibrate(&format!("--out {}", s(&out)));
     let text = stdout(&o);
-    for word in ["sm_exponent", "launch_us", "held-out", "assumed", "all"] {
+    for word in [
+        "sm_exponent",
+        "launch_us",
+        "overlap_exponent",
+        "held-out",
+        "assumed",
+        "all",
+    ] {
         assert!(text.contains(word), "{word} in {text}");
     }
     let file = read_json(&out);
     assert_eq!(file["format"], "mosaic-calibration/1");
     assert_eq!(file["fitted_on"]["model"], "clip");
     assert_eq!(file["fitted_on"]["modules"].as_array().unwrap().len(), 3);
-    assert_eq!(file["fitted"].as_array().unwrap().len(), 6);
+    assert_eq!(file["fitted"].as_array().unwrap().len(), 7);
     assert!(file["error"]["mean_rel"].as_f64().unwrap() < 0.1);
     // The built-in default is this very fit.
     let gamma = file["constants"]["sm_exponent"].as_f64().unwrap();
-    assert!((gamma - 0.79).abs() < 0.01, "{gamma}");
+    assert!((gamma - 0.815).abs() < 0.01, "{gamma}");
 
     let v: Value = serde_json::from_slice(&calibrate("--json").stdout).expect("stdout is JSON");
     let rows = v["accuracy"].as_array().unwrap();
@@ -88,8 +95,9 @@ fn the_built_in_constants_predict_imagebind_measured_on_an_h200() {
     assert_eq!(rows.len(), 8, "seven modules and all");
     let all = rows.iter().find(|r| r["module"] == "all").unwrap();
     let built_in = all["built_in_dp1"]["mean_rel"].as_f64().unwrap();
-    // Measured 2026-11-26: 16.0 % (depth, launch-bound, 43 %); the aim is 15 %.
-    assert!(built_in <= 0.17, "{all}");
+    // 14.7 % (depth, launch-bound, 36 %) since the host/GPU overlap exponent; 16.0 % with the
+    // plain maximum. The aim, for an H100: 15 %.
+    assert!(built_in <= 0.15, "{all}");
     assert!(all["in_sample_dp1"]["mean_rel"].as_f64().unwrap() < built_in);
     assert!(built_in < all["assumed_dp1"]["mean_rel"].as_f64().unwrap());
 }

@@ -10,11 +10,14 @@
 //! zoo's analytical device model ([`mosaic_zoo::Calibration::estimate`] at the plan's dp and
 //! quota): matmul/attention FLOPs `F` with the HBM bytes of their operands `B_g`, run at the
 //! quota's compute rate `R(a)` (peak × matmul efficiency × `a`); memory-bound bytes `B_m`
-//! (norms, activations, logits, gradient buffer, AdamW); a host-launch floor `L`; and, for a
+//! (norms, activations, logits, gradient buffer, AdamW); the host's floor `L`, the device
+//! model's step alone (the smooth maximum of its GPU and host launch times); and, for a
 //! trainable module with `d > 1` replicas, `2 × params` bytes of bf16 gradients to all-reduce.
 //! The step is cut into `n = 2 × layers` chunks (a forward and a backward per layer), each a
 //! matmul segment then a memory segment, as kernels follow each other on a stream. Alone on
-//! its quota a replica takes exactly the device model's `max(gemm + memory, launch)`.
+//! its quota a replica takes exactly the device model's time, `L`; slowed by its neighbours,
+//! the larger of its slowed GPU work and `L` (the device model's smooth maximum of the slowed
+//! GPU time and the launch time would differ only where the two are close).
 //!
 //! **Execution** is fluid and event-driven: between two events every running segment
 //! progresses at a constant rate, and at every event (a segment or replica ending, a launch
@@ -29,7 +32,7 @@
 //!   `1 + κ·A`, `A` the SM quotas of the other replicas running matmul segments on its GPU at
 //!   the time, κ = [`COMPUTE_CONTENTION`] (calibrated on two GEMM loops measured on an H100:
 //!   +27 % at half a GPU each; `SimOptions::compute_contention`).
-//! - *Launch floor*: the host releases chunk `k` of `n` at `start + k·L/n` and the replica ends
+//! - *Host floor*: the host releases chunk `k` of `n` at `start + k·L/n` and the replica ends
 //!   no earlier than `start + L`; a replica that outruns its host waits, idle.
 //! - *All-reduce*: when every replica of a module has finished its step, a ring all-reduce: a
 //!   latency of `2(d−1)` hops (NVLink or InfiniBand hop time of the calibration), then

@@ -1,6 +1,6 @@
 //! What one replica of a module has to do per iteration, split back out of the zoo's device
 //! model ([`Calibration::estimate`]): matmul FLOPs and their bytes, memory-bound bytes, the
-//! launch floor and the gradient bytes (the crate documentation's "Work").
+//! host's floor and the gradient bytes (the crate documentation's "Work").
 //!
 //! The compute rate `R(a)` is recovered by asking the device model again with unlimited
 //! bandwidth (its matmul time is then `F / R(a)` alone), so the matmul efficiency formula is
@@ -36,8 +36,10 @@ pub(crate) struct Work {
     pub compute_rate: f64,
     /// HBM bandwidth the quota's SMs can reach alone: `BW × min(1, a / a_sat)`, bytes/s.
     pub bw_cap: f64,
-    /// Launch floor of the step, seconds.
-    pub launch_s: f64,
+    /// The host's floor, seconds: the device model's step alone, the smooth maximum of its GPU
+    /// and launch times ([`Calibration::overlap`]). The host releases the chunks over it and
+    /// the step ends no earlier, so a replica alone takes exactly the device model's time.
+    pub floor_s: f64,
     /// Chunks the step is cut into.
     pub chunks: usize,
     /// Gradient bytes each replica all-reduces (0: frozen or a single replica).
@@ -83,7 +85,7 @@ impl Work {
             memory_bytes,
             compute_rate,
             bw_cap,
-            launch_s: e.launch_ms * 1e-3,
+            floor_s: (e.time_ms - e.comm_ms) * 1e-3,
             chunks: (2 * layers).clamp(2, 512),
             grad_bytes,
             estimate: e,
@@ -138,15 +140,15 @@ impl Work {
         }
     }
 
-    /// Seconds alone on the quota: `max(F/R roofline + memory, launch)`, the device model's
-    /// compute time.
+    /// Seconds alone on the quota: the roofline segments' time, at least the host's floor — the
+    /// device model's compute time.
     pub(crate) fn alone_s(&self) -> f64 {
         let seg = self
             .segments()
             .iter()
             .map(|s| self.segment_time(s, self.bw_cap, 1.0))
             .sum::<f64>();
-        seg.max(self.launch_s)
+        seg.max(self.floor_s)
     }
 }
 

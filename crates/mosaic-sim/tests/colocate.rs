@@ -77,11 +77,13 @@ fn bandwidth_heavy_and_compute_bound_modules_slow_each_other_down() {
 }
 
 #[test]
-fn launch_bound_modules_take_their_launch_floor() {
+fn launch_bound_modules_take_their_hosts_floor() {
     let (m, c) = zoo("ofasys", "h100x8");
     let cal = Calibration::default();
     // The first (module, quota) the device model puts at its launch floor, whatever the
-    // calibration: OFASys' small heads and encoders are launch-bound at some quota.
+    // calibration: OFASys' small heads and encoders are launch-bound at some quota. The host
+    // paces it: the simulator finishes it at the device model's time exactly, which is above
+    // the launch time where host and GPU overlap imperfectly.
     let (i, sm, e) = (0..m.modules.len())
         .flat_map(|i| [0.1, 0.3, 0.5, 1.0].map(|sm| (i, sm)))
         .map(|(i, sm)| (i, sm, cal.estimate(&m, i, &c, 1, sm)))
@@ -89,9 +91,10 @@ fn launch_bound_modules_take_their_launch_floor() {
         .expect("some OFASys module is launch-bound");
     let t = colocate(&m, &c, &[(i, 1, sm)])[0];
     assert!(
-        (t - e.launch_ms).abs() < 1e-6,
-        "{} at {sm}: {t} vs {}",
+        (t - e.time_ms).abs() < 1e-6 && e.time_ms >= e.launch_ms,
+        "{} at {sm}: {t} vs {} (launch {})",
         m.modules[i].name,
+        e.time_ms,
         e.launch_ms
     );
 }

@@ -17,17 +17,20 @@ pub enum FreeConstant {
     LaunchStepMs,
     /// [`Calibration::launch_us`].
     LaunchUs,
+    /// [`Calibration::overlap_exponent`].
+    OverlapExponent,
 }
 
 impl FreeConstant {
     /// Every free constant, in the order fits report them.
-    pub const ALL: [FreeConstant; 6] = [
+    pub const ALL: [FreeConstant; 7] = [
         FreeConstant::GemmEfficiency,
         FreeConstant::RowsHalf,
         FreeConstant::SmExponent,
         FreeConstant::BwSaturation,
         FreeConstant::LaunchStepMs,
         FreeConstant::LaunchUs,
+        FreeConstant::OverlapExponent,
     ];
 
     /// The field's name in [`Calibration`] (and in `mosaic-calibration/1` files).
@@ -39,11 +42,13 @@ impl FreeConstant {
             FreeConstant::BwSaturation => "bw_saturation",
             FreeConstant::LaunchStepMs => "launch_step_ms",
             FreeConstant::LaunchUs => "launch_us",
+            FreeConstant::OverlapExponent => "overlap_exponent",
         }
     }
 
     /// The range a fit may take it in (physical limits, open at 0): efficiencies and
-    /// fractions in (0, 1], the exponent in [0.3, 1.2], times and rows positive.
+    /// fractions in (0, 1], the SM exponent in [0.3, 1.2], the overlap exponent in [1, 64]
+    /// (from no overlap to the maximum within 1.1 %), times and rows positive.
     pub fn bounds(self) -> (f64, f64) {
         match self {
             FreeConstant::GemmEfficiency => (0.01, 1.0),
@@ -52,6 +57,7 @@ impl FreeConstant {
             FreeConstant::BwSaturation => (0.02, 1.0),
             FreeConstant::LaunchStepMs => (1e-3, 100.0),
             FreeConstant::LaunchUs => (0.01, 1000.0),
+            FreeConstant::OverlapExponent => (1.0, 64.0),
         }
     }
 
@@ -64,6 +70,7 @@ impl FreeConstant {
             FreeConstant::BwSaturation => cal.bw_saturation,
             FreeConstant::LaunchStepMs => cal.launch_step_ms,
             FreeConstant::LaunchUs => cal.launch_us,
+            FreeConstant::OverlapExponent => cal.overlap_exponent,
         }
     }
 
@@ -76,6 +83,7 @@ impl FreeConstant {
             FreeConstant::BwSaturation => &mut cal.bw_saturation,
             FreeConstant::LaunchStepMs => &mut cal.launch_step_ms,
             FreeConstant::LaunchUs => &mut cal.launch_us,
+            FreeConstant::OverlapExponent => &mut cal.overlap_exponent,
         };
         *field = value;
     }

@@ -94,12 +94,12 @@ fn settle(w: &Work, s: &[Segment], rep: &mut Rep, t: f64) {
         rep.seg += 1;
     }
     if rep.seg >= s.len() {
-        // The launch floor: no earlier than `start + L`.
-        rep.state = wait_or(rep.start + w.launch_s, true, t, RepState::Done);
+        // The host's floor: no earlier than `start + L`.
+        rep.state = wait_or(rep.start + w.floor_s, true, t, RepState::Done);
         return;
     }
     // The host releases chunk k of n at `start + k·L/n`.
-    let release = rep.start + (rep.seg / 2) as f64 * w.launch_s / w.chunks as f64;
+    let release = rep.start + (rep.seg / 2) as f64 * w.floor_s / w.chunks as f64;
     rep.left = 1.0;
     rep.state = wait_or(release, false, t, RepState::Run);
 }
@@ -509,7 +509,7 @@ mod tests {
         let mut w = Work::new(pool.cal, pool.model, 0, pool.cluster, 1, sm);
         w.flops = 150.0 * 2.0 * 4096f64.powi(3);
         w.compute_rate = w.flops / (alone_ms * 1e-3);
-        (w.gemm_bytes, w.memory_bytes, w.launch_s, w.grad_bytes) = (0.0, 0.0, 0.0, 0.0);
+        (w.gemm_bytes, w.memory_bytes, w.floor_s, w.grad_bytes) = (0.0, 0.0, 0.0, 0.0);
         w.chunks = 150;
         w
     }
