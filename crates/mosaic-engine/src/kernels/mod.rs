@@ -75,6 +75,11 @@ pub fn address(t: &Tensor, stream: &CudaStream) -> Result<u64> {
 }
 
 /// The device address of the first element of `layout` in `storage` (f32 or bf16).
+///
+/// cudarc's guard that would record an event for another stream is dropped at once: the
+/// engine's devices each launch on one stream (slots turn event tracking off), so stream order
+/// alone orders every kernel after its inputs' writers. A device with a second stream on its
+/// context would have to keep the guards alive until after the launch.
 pub fn storage_address(storage: &CudaStorage, layout: &Layout, stream: &CudaStream) -> Result<u64> {
     let (base, size) = match &storage.slice {
         CudaStorageSlice::F32(s) => (s.device_ptr(stream).0, 4),

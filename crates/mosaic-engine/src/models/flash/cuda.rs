@@ -92,7 +92,7 @@ fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
     let qkv = packed(qkv)?;
     let o = Tensor::zeros(&qkv.dims()[1..], DType::BF16, qkv.device())?;
     let lse = Tensor::zeros((bh, t), DType::F32, qkv.device())?;
-    if t == 0 {
+    if t == 0 || bh == 0 {
         return Ok((o, lse));
     }
     let smem = forward_smem(d);
@@ -135,7 +135,7 @@ fn backward(qkv: &Tensor, o: &Tensor, g: &Tensor, lse: &Tensor, causal: bool) ->
     let dqkv = Tensor::zeros(qkv.shape(), DType::BF16, device)?;
     let dq32 = Tensor::zeros(o.shape(), DType::F32, device)?;
     let dd = Tensor::zeros((bh, t), DType::F32, device)?;
-    if t == 0 {
+    if t == 0 || bh == 0 {
         return Ok(dqkv);
     }
     let stream = dev.cuda_stream();
