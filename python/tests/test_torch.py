@@ -433,7 +433,7 @@ def test_gpu_path_writes_whole_sm_samples_and_the_partition(torch, fake_cuda, gr
         pts = [(s["dp"], round(s["sm"] * 132)) for s in m["samples"]]
         assert pts == [(1, 16), (1, 64), (1, 132), (4, 16), (4, 64), (4, 132)]
         for s in m["samples"]:
-            assert s["time_ms"] > 0 and s["mem_gib"] == round(3 / 1024, 4)
+            assert s["time_ms"] > 0 and s["mem_gib"] == round(3 / 1024, 6)
             assert (s["sm_util"], s["bw_util"]) == (1.0, 0.0)
     assert "NVML unavailable (fake: no NVML)" in p["source"]
     assert ("CUDA-graph replays" in p["source"]) == graphs
