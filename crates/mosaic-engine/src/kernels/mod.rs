@@ -8,6 +8,8 @@
 pub mod bias;
 pub mod elementwise;
 
+use std::sync::OnceLock;
+
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, DevicePtr};
@@ -38,6 +40,42 @@ pub const ATTENTION: Ptx = Ptx {
     module: "mosaic_attention",
     source: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
 };
+
+/// The environment variable that chooses the engine's ops on a GPU: unset or `fused`, its own
+/// kernels (LayerNorm, GELU's backward, bias, attention, AdamW); `composed`, candle's composed
+/// ops instead. For measuring what the kernels gain (the same binary, A against B) and for
+/// getting past a kernel that fails on some GPU.
+pub const KERNELS_VAR: &str = "MOSAIC_KERNELS";
+
+/// Whether the engine's own kernels run ([`KERNELS_VAR`], read once; a value other than
+/// `fused` or `composed` counts as `fused` here and is refused by [`check_env`]).
+pub fn fused() -> bool {
+    kernels_setting().unwrap_or(true)
+}
+
+/// [`KERNELS_VAR`]'s setting: `Ok(true)` for fused kernels, `Ok(false)` for composed ops, or
+/// the value it does not understand.
+fn kernels_setting() -> std::result::Result<bool, String> {
+    static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    SETTING
+        .get_or_init(|| match std::env::var(KERNELS_VAR) {
+            Err(_) => Ok(true),
+            Ok(v) if v == "fused" => Ok(true),
+            Ok(v) if v == "composed" => Ok(false),
+            Ok(v) => Err(v),
+        })
+        .clone()
+}
+
+/// Err, naming [`KERNELS_VAR`] and the values it takes, where it holds another.
+pub fn check_env() -> std::result::Result<(), crate::EngineError> {
+    kernels_setting()
+        .map(|_| ())
+        .map_err(|v| crate::EngineError::BadSetting {
+            setting: KERNELS_VAR.into(),
+            message: format!("expected `fused` (the default) or `composed`, got `{v}`"),
+        })
+}
 
 /// The CUDA device `t` is on; else an error saying that `what` runs on CUDA devices only.
 pub fn cuda_device<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaDevice> {

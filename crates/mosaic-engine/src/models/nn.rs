@@ -183,7 +183,11 @@ impl Linear {
 /// gradient summed in f32); otherwise candle's broadcast add.
 fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
     #[cfg(mosaic_gpu)]
-    if y.device().is_cuda() && y.dtype() == DType::BF16 && y.is_contiguous() {
+    if y.device().is_cuda()
+        && y.dtype() == DType::BF16
+        && y.is_contiguous()
+        && crate::kernels::fused()
+    {
         return crate::kernels::bias::bias_add(y, bias);
     }
     y.broadcast_add(&bias.to_dtype(y.dtype())?)
@@ -219,6 +223,7 @@ impl LayerNorm {
         if x.device().is_cuda()
             && x.dtype() == DType::F32
             && crate::kernels::elementwise::layer_norm_fits(x.dim(D::Minus1)?)
+            && crate::kernels::fused()
         {
             return crate::kernels::elementwise::layer_norm(x, &self.gamma, &self.beta, LN_EPS);
         }
@@ -283,7 +288,7 @@ fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3>
 /// hidden activations; elsewhere candle differentiates it.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     #[cfg(mosaic_gpu)]
-    if x.device().is_cuda() {
+    if x.device().is_cuda() && crate::kernels::fused() {
         return crate::kernels::elementwise::gelu(x);
     }
     x.gelu()

@@ -71,6 +71,7 @@ pub(crate) fn place(
                 .into(),
         });
     }
+    crate::kernels::check_env()?;
     let gpu = GpuDevice::open(ordinal)?;
     super::memory::weights_fit(&model, ordinal)?;
     let n = model.modules.len();

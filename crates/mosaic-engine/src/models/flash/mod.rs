@@ -11,11 +11,11 @@ use candle_core::{Result, Tensor};
 /// `softmax(q kᵀ/√d + causal mask) · v` of `qkv` = `[q, k, v]` (`[3, batch, heads, tokens,
 /// d]`, any strides: a view of a projection's output) as one node of its tape, `[batch, heads,
 /// tokens, d]`, computed by the fused kernels: `None` where they cannot run it (see the
-/// module's doc), and then the caller composes it. Taking the three as one tensor, the backward
+/// module's doc) or `MOSAIC_KERNELS=composed` turns them off, and then the caller composes it. Taking the three as one tensor, the backward
 /// pass writes their gradient as one (split q, k, v would each be padded back to the whole).
 pub fn attention(qkv: &Tensor, causal: bool) -> Result<Option<Tensor>> {
     #[cfg(mosaic_gpu)]
-    if cuda::runs(qkv) {
+    if cuda::runs(qkv) && crate::kernels::fused() {
         return cuda::attention(qkv, causal).map(Some);
     }
     let _ = (qkv, causal);

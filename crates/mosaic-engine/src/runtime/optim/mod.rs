@@ -77,11 +77,11 @@ impl AdamW {
         })
     }
 
-    /// One update of `params` with `grads` (in [`Params`] order): fused on a GPU, composed
-    /// elsewhere.
+    /// One update of `params` with `grads` (in [`Params`] order): fused on a GPU (unless
+    /// `MOSAIC_KERNELS=composed`), composed elsewhere.
     pub fn step(&mut self, params: &Params, grads: &[Tensor]) -> Result<()> {
         #[cfg(mosaic_gpu)]
-        if params.iter().all(|(_, v)| v.device().is_cuda()) {
+        if params.iter().all(|(_, v)| v.device().is_cuda()) && crate::kernels::fused() {
             return self.step_fused(params, grads);
         }
         self.step_composed(params, grads)
