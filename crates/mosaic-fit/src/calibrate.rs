@@ -458,7 +458,7 @@ pub fn accuracy(
 pub fn check_constants(cal: &Calibration) -> Result<(), (String, String)> {
     // Upper bounds keep every predicted time finite: a fraction is at most 1, a time constant
     // at most 10⁶ (ms or µs), a size at most 10⁹, the SM exponent at most 2 (it was fitted at
-    // 0.79; 1 is linear scaling).
+    // 0.82; 1 is linear scaling).
     let (fraction, time, size) = (1.0, 1e6, 1e9);
     let fields = [
         ("gemm_efficiency", cal.gemm_efficiency, fraction),
