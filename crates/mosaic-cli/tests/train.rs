@@ -251,7 +251,8 @@ fn zoo_built_models_train_at_a_size() {
 }
 
 /// `mosaic bench engine` on the CPU: a row per (model, batch) with the Mosaic plan's and the
-/// one-after-another schedule's measured step times; the prediction error only on a GPU.
+/// one-after-another schedule's measured step times; the prediction error of a zoo plan only on
+/// a GPU, of a plan from measured profiles everywhere.
 #[test]
 fn bench_engine_measures_the_plan_against_one_after_another() {
     let o = mosaic(&[
@@ -268,8 +269,21 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
         assert!(r["sequential_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["prediction_error"].is_null(), "{r}");
+        assert_eq!(r["plan_from"], "zoo", "{r}");
     }
+    // Planned from the modules measured alone here first: the prediction is about this CPU,
+    // so its error is printed at any size.
+    let o = mosaic_line(
+        "bench engine --device cpu --size 0.03 --steps 1 --models clip --batches 2 \
+         --plan-from measured --json",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_str(stdout(&o).trim()).expect("one JSON line");
+    assert_eq!(r["plan_from"], "measured", "{r}");
+    assert!(r["prediction_error"].as_f64().unwrap().is_finite(), "{r}");
+    assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
     refused(&[
+        ("bench engine --device cpu --plan-from guess", "--plan-from"),
         ("bench engine --device cpu --size 0", "--size"),
         ("bench engine --device cpu --models nope", "--models"),
         ("bench engine --device cpu --batches 1", "--batches"),

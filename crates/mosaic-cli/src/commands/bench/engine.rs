@@ -7,12 +7,18 @@
 //!
 //! The plan comes from the zoo's profile of the model (the calibrated device model of
 //! `--cluster`'s device, per-GPU batch as its batch), so its prediction is about the model at
-//! its real size on that device: the error is printed for `--size 1` on a GPU only.
+//! its real size on that device: the error is printed for `--size 1` on a GPU only. With
+//! `--plan-from measured` it comes from a profile measured first, on this device: every module
+//! alone at the batch on every quota (`mosaic measure profile`'s sweep at dp 1), so that the
+//! plan is made from what this engine does here and its error, printed at any size and on
+//! either device, is the planner's own: what co-location costs beyond its interference model.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use mosaic_engine::measure::available_cores;
+use mosaic_engine::measure::{
+    available_cores, measure_machine, profile_file, sweep_gpu, ProfileConfig, Profiler,
+};
 use mosaic_engine::models::{self, Model, Recipe};
 use mosaic_engine::{Compute, Device, Schedule, TrainConfig, Trainer};
 use mosaic_kit::stats::median;
@@ -21,6 +27,7 @@ use mosaic_profile::PerfModel;
 use serde_json::json;
 
 use crate::commands::engine::{engine, one_process, pin_candle_threads, size_factor};
+use crate::commands::measure::WARMUP;
 use crate::input::BadInput;
 
 /// Arguments of `mosaic bench engine`.
@@ -46,6 +53,11 @@ pub struct Args {
     #[arg(long, default_value_t = 10,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     steps: usize,
+    /// Where the plan's profile comes from: zoo (the device model of --cluster's device, for
+    /// the real-size model) or measured (each module alone at the batch on every quota of this
+    /// device, measured first).
+    #[arg(long, default_value = "zoo", value_parser = ["zoo", "measured"])]
+    plan_from: String,
     /// One JSON object per (model, batch) per line instead of the table.
     #[arg(long)]
     json: bool,
@@ -77,7 +89,11 @@ pub fn run(args: &Args) -> Result<()> {
         for &batch in &args.batches {
             spec.single_node_batch = batch as u32;
             spec.global_batch = batch as u32;
-            let plan = plan_for(&spec, &cluster)?;
+            let plan = if args.plan_from == "measured" {
+                plan_measured(name, batch, args)?
+            } else {
+                plan_for(&spec, &cluster)?
+            };
             let row = measure(name, batch, &plan, args, compute)?;
             if std::mem::take(&mut header) {
                 println!(
@@ -95,9 +111,13 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     if !args.json && args.device == "cpu" {
+        let prediction = if args.plan_from == "measured" {
+            "from the modules measured alone on this CPU"
+        } else {
+            "for the real model on the cluster's GPU"
+        };
         println!(
-            "(on the CPU a quota is round(quota × {}) threads; the prediction is for the \
-             real model on the cluster's GPU)",
+            "(on the CPU a quota is round(quota × {}) threads; the prediction is {prediction})",
             available_cores()
         );
     }
@@ -115,6 +135,34 @@ fn plan_for(spec: &mosaic_zoo::ModelSpec, cluster: &mosaic_zoo::ClusterSpec) -> 
     })?;
     solve(&perf, 1, &SolveOptions::default())
         .with_context(|| format!("planning {} on one GPU", spec.name))
+}
+
+/// The Mosaic plan for one GPU of this device on a profile measured here first: every module
+/// of the engine model `name` alone at per-GPU batch `batch` on every quota (dp 1), timed over
+/// `--steps` iterations.
+fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<Plan> {
+    let config = ProfileConfig {
+        batch,
+        max_dp: 1,
+        warmup: WARMUP,
+        reps: args.steps,
+        seed: 0,
+        size: args.size,
+    };
+    eprintln!("measuring {name}'s modules alone at batch {batch} on every quota…");
+    // The planner reads times only; the host's STREAM bandwidth feeds bw_util, which a plan
+    // without interference coefficients does not use (a short run does).
+    let host = measure_machine(16, 1).map_err(engine)?;
+    let profile = if args.device == "cuda" {
+        sweep_gpu(name, config, host, 0, |_| {}).map_err(engine)?
+    } else {
+        let profiler = Profiler::new(name, config, host).map_err(engine)?;
+        profiler.sweep(|_| {}).map_err(engine)?
+    };
+    let file = profile_file(&profile);
+    let perf = PerfModel::new(&file, 0.1, Path::new("(the measured profile)"))
+        .with_context(|| format!("planning {name} on its measured profile"))?;
+    solve(&perf, 1, &SolveOptions::default()).with_context(|| format!("planning {name} on one GPU"))
 }
 
 /// Median step time of `schedule`, in ms.
@@ -168,13 +216,14 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
 }
 
 fn print_row(row: &Row, args: &Args) -> Result<()> {
-    let predicts = args.size == 1.0 && args.device == "cuda";
+    let predicts = args.plan_from == "measured" || (args.size == 1.0 && args.device == "cuda");
     let error = predicts.then(|| (row.predicted_ms - row.mosaic_ms) / row.mosaic_ms);
     if args.json {
         let line = json!({
             "model": row.model, "batch": row.batch, "device": args.device, "size": args.size,
             "plan": row.plan, "predicted_ms": row.predicted_ms, "mosaic_ms": row.mosaic_ms,
             "sequential_ms": row.sequential_ms, "speedup": row.sequential_ms / row.mosaic_ms,
+            "plan_from": args.plan_from,
             "prediction_error": error,
         });
         println!("{}", serde_json::to_string(&line)?);

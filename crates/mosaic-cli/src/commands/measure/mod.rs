@@ -16,7 +16,7 @@ use mosaic_engine::{models, Device};
 use super::engine::{engine, one_process, pin_candle_threads, size_factor};
 
 /// Untimed iterations before the timed ones of every measurement.
-const WARMUP: usize = 2;
+pub(crate) const WARMUP: usize = 2;
 
 /// Arguments of `mosaic measure`: what it measures, and how.
 #[derive(clap::Subcommand, Debug)]
