@@ -68,6 +68,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     mt, tz = load("torch"), load("torch_zoo")
+    torch.manual_seed(0)  # the modules' weights, then the inputs
     try:
         spec = tz.model_spec(args.model)
         modules, after, inputs = tz.modules(spec, args.size)
@@ -79,7 +80,6 @@ def main(argv=None):
     gb = spec["single_node_batch"]
     batches = args.batches or [gb]
     out = args.out or f"{args.model}-measured.json"
-    torch.manual_seed(0)
     print(f"measuring {args.model} (size {args.size}) on {device}: per-GPU batches {batches} of "
           f"{gb}", file=sys.stderr)
     kw = {}

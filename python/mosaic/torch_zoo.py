@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from typing import Any, Mapping, Optional
@@ -96,7 +97,7 @@ class Contrastive(nn.Module):
     def forward(self, *features):
         z = [F.normalize(p(f), dim=-1) for p, f in zip(self.proj, features)]
         labels = torch.arange(z[0].shape[0], device=z[0].device)
-        loss = z[0].new_zeros((), dtype=torch.float32)
+        loss = 0.0  # as measure.py: no kernel for the zero
         for other in z[1:]:
             logits = self.scale.exp() * z[0] @ other.t()
             loss = loss + F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)
@@ -120,8 +121,12 @@ def model_spec(name: str) -> dict:
         if not binary:
             raise RuntimeError("the zoo needs the native mosaic._core (pip install .) or the "
                                "mosaic binary (set MOSAIC_BIN)") from None
-        out = subprocess.run([binary, "zoo", "--json"], capture_output=True, text=True,
-                             check=True).stdout
+        try:
+            out = subprocess.run([binary, "zoo", "--json"], capture_output=True, text=True,
+                                 check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as e:
+            why = (getattr(e, "stderr", None) or str(e)).strip()
+            raise RuntimeError(f"`{binary} zoo --json` failed: {why}") from None
         zoo = json.loads(out)
     for m in zoo["models"]:
         if m["name"] == name:
@@ -148,10 +153,11 @@ def modules(spec: Mapping[str, Any], size: float = 1.0) -> tuple:
     if not (isinstance(size, (int, float)) and 0 < size <= 1):
         raise ValueError(f"size must lie in (0, 1], got {size!r}")
     specs = {m["name"]: m for m in spec["modules"]}
+    kinds = {name: _kind(m) for name, m in specs.items()}  # refuse before building anything
     built, after, inputs = {}, {}, {}
     for m in spec["modules"]:
         name = m["name"]
-        kind = _kind(m)
+        kind = kinds[name]
         if kind == "tower":
             heads = m["heads"]
             h = _scaled(m["hidden"], size, heads)
@@ -212,9 +218,12 @@ def device_name(index: int = 0) -> Optional[str]:
 
 
 def zoo_device(gpu_name: str) -> Optional[str]:
-    """The zoo's device name whose short name (h100, h200, a100) is in ``gpu_name``, or None."""
-    upper = gpu_name.upper()
-    return next((name for name, short in DEVICES if short.upper() in upper), None)
+    """The zoo's device name whose short name (h100, h200, a100) is a word of ``gpu_name``, or
+    None (also for a PCIe card: the zoo's are SXM parts, with more SMs)."""
+    if re.search(r"PCIE", gpu_name, re.I):
+        return None
+    return next((name for name, short in DEVICES
+                 if re.search(rf"\b{short}\b", gpu_name, re.I)), None)
 
 
 def short_name(zoo_name: str) -> Optional[str]:
