@@ -248,19 +248,8 @@ def test_profile_without_cuda_says_it_needs_a_gpu(torch):
 # ------------------------------------------------------------------ the planner takes it
 
 
-def _mosaic_binary():
-    env = os.environ.get("MOSAIC_BIN")
-    if env and Path(env).is_file():
-        return env
-    for prof in ("release", "ci", "debug"):
-        b = ROOT / "target" / prof / "mosaic"
-        if b.is_file():
-            return str(b)
-    return None
-
-
-def test_the_mosaic_binary_plans_a_cpu_profile(cpu_profile, tmp_path):
-    binary = _mosaic_binary()
+def test_the_mosaic_binary_plans_a_cpu_profile(cpu_profile, tmp_path, mosaic_binary):
+    binary = mosaic_binary
     if binary is None:
         pytest.skip("no mosaic binary (cargo build --release -p mosaic-cli, or set MOSAIC_BIN)")
     f = tmp_path / "p.json"
@@ -421,7 +410,8 @@ def fake_cuda(torch, monkeypatch):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_gpu_path_writes_whole_sm_samples_and_the_partition(torch, fake_cuda, graphs):
+def test_gpu_path_writes_whole_sm_samples_and_the_partition(torch, fake_cuda, graphs,
+                                                            mosaic_binary):
     modules, after, inputs = _tiny(torch)
     opt = (lambda ps: torch.optim.AdamW(ps, lr=1e-4)) if graphs else None
     p = mt.profile(modules, after, inputs, global_batch=8, batches=[8, 2],
@@ -437,7 +427,7 @@ def test_gpu_path_writes_whole_sm_samples_and_the_partition(torch, fake_cuda, gr
             assert (s["sm_util"], s["bw_util"]) == (1.0, 0.0)
     assert "NVML unavailable (fake: no NVML)" in p["source"]
     assert ("CUDA-graph replays" in p["source"]) == graphs
-    binary = _mosaic_binary()
+    binary = mosaic_binary
     if binary is not None:
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

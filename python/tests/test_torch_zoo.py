@@ -29,23 +29,11 @@ tz = _load("torch_zoo")
 mt = _load("torch")
 
 
-def _binary():
-    env = os.environ.get("MOSAIC_BIN")
-    if env and Path(env).is_file():
-        return env
-    for prof in ("release", "ci", "debug"):
-        b = ROOT / "target" / prof / "mosaic"
-        if b.is_file():
-            return str(b)
-    return None
-
-
 @pytest.fixture(scope="module")
-def zoo():
-    binary = _binary()
-    if binary is None:
+def zoo(mosaic_binary):
+    if mosaic_binary is None:
         pytest.skip("no mosaic binary (cargo build --release -p mosaic-cli, or set MOSAIC_BIN)")
-    out = subprocess.run([binary, "zoo", "--json"], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([mosaic_binary, "zoo", "--json"], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     return json.loads(out)
 
@@ -111,7 +99,8 @@ def test_models_it_cannot_build_are_refused_naming_the_module(zoo):
         tz.modules(_model(zoo, "clip"), size=2)
 
 
-def test_a_small_clip_profiles_on_the_cpu_and_the_planner_takes_it(zoo, tmp_path):
+def test_a_small_clip_profiles_on_the_cpu_and_the_planner_takes_it(zoo, tmp_path,
+                                                                    mosaic_binary):
     spec = _model(zoo, "clip")
     modules, after, inputs = tz.modules(spec, size=0.02)
     prof = mt.profile(modules, after, inputs, global_batch=4, batches=[4, 2], device="cpu",
@@ -119,15 +108,15 @@ def test_a_small_clip_profiles_on_the_cpu_and_the_planner_takes_it(zoo, tmp_path
     assert [m["name"] for m in prof["modules"]] == ["vision", "text", "align"]
     f = tmp_path / "p.json"
     f.write_text(json.dumps(prof))
-    r = subprocess.run([_binary(), "plan", "--profiles", str(f), "--gpus", "2", "--json"],
+    r = subprocess.run([mosaic_binary, "plan", "--profiles", str(f), "--gpus", "2", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["iteration_ms"] > 0
 
 
-def test_the_example_measures_a_small_model_on_the_cpu(zoo, tmp_path):
+def test_the_example_measures_a_small_model_on_the_cpu(zoo, tmp_path, mosaic_binary):
     out = tmp_path / "ib.json"
-    env = dict(os.environ, MOSAIC_BIN=_binary())
+    env = dict(os.environ, MOSAIC_BIN=mosaic_binary)
     r = subprocess.run([sys.executable, str(EXAMPLE), "--model", "imagebind", "--size", "0.03",
                         "--device", "cpu", "--batches", "2", "--reps", "1", "--warmup", "0",
                         "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
@@ -140,13 +129,13 @@ def test_the_example_measures_a_small_model_on_the_cpu(zoo, tmp_path):
     assert bad.returncode == 2 and "'text'" in bad.stderr
 
 
-def test_imagebind_at_its_real_size_on_the_gpu_calibrates(zoo, tmp_path):
+def test_imagebind_at_its_real_size_on_the_gpu_calibrates(zoo, tmp_path, mosaic_binary):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
     if tz.device_name(0) is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not a zoo device")
     out = tmp_path / "ib.json"
-    env = dict(os.environ, MOSAIC_BIN=_binary())
+    env = dict(os.environ, MOSAIC_BIN=mosaic_binary)
     whole = torch.cuda.get_device_properties(0).multi_processor_count
     r = subprocess.run([sys.executable, str(EXAMPLE), "--model", "imagebind", "--quotas",
                         f"16,64,{whole}", "--out", str(out)], capture_output=True, text=True,
