@@ -58,11 +58,11 @@ pub fn fused() -> bool {
 fn kernels_setting() -> std::result::Result<bool, String> {
     static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
     SETTING
-        .get_or_init(|| match std::env::var(KERNELS_VAR) {
-            Err(_) => Ok(true),
-            Ok(v) if v == "fused" => Ok(true),
-            Ok(v) if v == "composed" => Ok(false),
-            Ok(v) => Err(v),
+        .get_or_init(|| match std::env::var_os(KERNELS_VAR) {
+            None => Ok(true),
+            Some(v) if v == "fused" => Ok(true),
+            Some(v) if v == "composed" => Ok(false),
+            Some(v) => Err(v.to_string_lossy().into_owned()),
         })
         .clone()
 }
