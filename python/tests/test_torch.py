@@ -468,3 +468,57 @@ def test_gpu_path_files_are_read_and_fitted_by_the_native_module(torch, fake_cud
     fitted = mosaic.fit(prof, coloc)
     assert fitted  # e1, e2, e3 and the accuracy, whatever the (fake) timings say
     assert mosaic.plan(prof, 2).iteration_ms > 0
+
+
+# ------------------------------------------------------------------ the two-encoder example
+TWO_ENCODERS = ROOT / "examples" / "python" / "two_encoders.py"
+
+
+def _two_encoders():
+    spec = importlib.util.spec_from_file_location("two_encoders_under_test", TWO_ENCODERS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_two_encoder_example_profiles_and_plans_on_the_cpu(torch, tmp_path, mosaic_binary):
+    out = tmp_path / "two.json"
+    r = subprocess.run([sys.executable, str(TWO_ENCODERS), "--device", "cpu", "--gpus", "4",
+                        "--global-batch", "16", "--reps", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    prof = json.loads(out.read_text())
+    assert [m["name"] for m in prof["modules"]] == ["image", "text", "fusion"]
+    assert prof["modules"][2]["after"] == ["image", "text"]
+    if importlib.util.find_spec("mosaic._core") is not None:
+        assert "predicted speed-up" in r.stdout and "stage 1" in r.stdout, r.stdout
+    else:
+        assert f"mosaic plan --profiles {out}" in r.stdout, r.stdout
+    if mosaic_binary is not None:
+        p = subprocess.run([mosaic_binary, "plan", "--profiles", str(out), "--gpus", "4"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+    bad = subprocess.run([sys.executable, str(TWO_ENCODERS), "--gpus", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--gpus must be at least 1" in bad.stderr
+
+
+def test_the_two_encoder_example_on_the_gpu_path_plans_whole_partitions(torch, fake_cuda,
+                                                                        tmp_path, capsys):
+    mosaic = _native_mosaic()
+    example = _two_encoders()
+    example.import_mosaic = lambda: (mosaic, mt)  # the GPU path faked above, in this module
+    out = tmp_path / "two.json"
+    assert example.main(["--device", "cuda", "--gpus", "2", "--global-batch", "8",
+                         "--reps", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    prof = json.loads(out.read_text())
+    assert prof["device"]["partition"] == H100 and prof["device"]["sm_count"] == 132
+    for m in prof["modules"]:
+        sms = {round(s["sm"] * 132) for s in m["samples"]}
+        assert 132 in sms and len(sms) > 2
+        assert all(n == 132 or (n % 8 == 0 and n <= 128) for n in sms), sms
+        assert sorted({s["dp"] for s in m["samples"]}) == [1, 2]
+    assert "predicted speed-up" in printed, printed
+    plan = mosaic.plan(mosaic.Profile.from_dict(prof, name=str(out)), 2)
+    assert plan.iteration_ms > 0
