@@ -16,15 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "python" / "mosaic" / "torch.py"
 
 
-def _load_checkout_module():
-    """This checkout's mosaic/torch.py as a standalone module: it must not need mosaic._core."""
-    spec = importlib.util.spec_from_file_location("mosaic_torch_under_test", SOURCE)
+def _load_file(path, name):
+    """The Python file at `path` as a standalone module called `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-mt = _load_checkout_module()
+# This checkout's mosaic/torch.py on its own: it must not need mosaic._core.
+mt = _load_file(SOURCE, "mosaic_torch_under_test")
 H100 = {"min_sms": 8, "step_sms": 8}
 A100 = {"min_sms": 4, "step_sms": 2}
 
@@ -474,13 +475,6 @@ def test_gpu_path_files_are_read_and_fitted_by_the_native_module(torch, fake_cud
 TWO_ENCODERS = ROOT / "examples" / "python" / "two_encoders.py"
 
 
-def _two_encoders():
-    spec = importlib.util.spec_from_file_location("two_encoders_under_test", TWO_ENCODERS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_two_encoder_example_profiles_and_plans_on_the_cpu(torch, tmp_path, mosaic_binary):
     out = tmp_path / "two.json"
     r = subprocess.run([sys.executable, str(TWO_ENCODERS), "--device", "cpu", "--gpus", "4",
@@ -506,7 +500,7 @@ def test_the_two_encoder_example_profiles_and_plans_on_the_cpu(torch, tmp_path, 
 def test_the_two_encoder_example_on_the_gpu_path_plans_whole_partitions(torch, fake_cuda,
                                                                         tmp_path, capsys):
     mosaic = _native_mosaic()
-    example = _two_encoders()
+    example = _load_file(TWO_ENCODERS, "two_encoders_under_test")
     example.import_mosaic = lambda: (mosaic, mt)  # the GPU path faked above, in this module
     out = tmp_path / "two.json"
     assert example.main(["--device", "cuda", "--gpus", "2", "--global-batch", "8",

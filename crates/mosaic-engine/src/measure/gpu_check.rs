@@ -12,7 +12,8 @@
 //! the encoders co-located, and ten steps whose loss must fall; SM confinement by timing (the
 //! same bf16 matmuls on 16 SMs and on 128); and co-location (two 64-SM slots launched from two
 //! threads at once against each alone); a small GPU profile sweep and colocations (`mosaic
-//! measure profile|colocations --device cuda`); and last the fused attention kernels against
+//! measure profile|colocations --device cuda`); ImageBind's six-way stage carved each way
+//! (`Carving`), its six slots running products at once; and last the fused attention kernels against
 //! composed attention, both timed (`models::flash::check`). The block and the training steps
 //! run through the engine's LayerNorm, GELU and bias kernels (`kernels/elementwise.cu`).
 
@@ -136,10 +137,11 @@ mod on_device {
     fn slots(device: &GpuDevice) -> GpuCheck {
         let name = "green-context slots";
         let quotas = [0.25, 0.5, 0.25];
-        let run = || -> Result<(Vec<u32>, Vec<u32>, bool), crate::EngineError> {
+        let run = || -> Result<(Vec<u32>, Vec<u32>, bool, String), crate::EngineError> {
             let asked = device.stage_sms(&quotas)?;
             let slots =
                 device.create_stage(&[("a", quotas[0]), ("b", quotas[1]), ("c", quotas[2])])?;
+            let carving = format!("{:?}", slots[0].carving());
             let granted: Vec<u32> = slots.iter().map(|s| s.sms()).collect();
             let mut filled = true;
             for (i, slot) in slots.iter().enumerate() {
@@ -153,15 +155,15 @@ mod on_device {
             asked.push(device.sms());
             let mut granted = granted;
             granted.push(alone.sms());
-            Ok((asked, granted, filled))
+            Ok((asked, granted, filled, carving))
         };
         match run() {
-            Ok((asked, granted, filled)) => GpuCheck::judged(
+            Ok((asked, granted, filled, carving)) => GpuCheck::judged(
                 name,
                 asked == granted && filled,
                 format!(
-                    "quotas {quotas:?}: asked {asked:?} SMs, granted {granted:?}; fill on every \
-                     stream {}",
+                    "quotas {quotas:?}: asked {asked:?} SMs, granted {granted:?} (carved \
+                     {carving}); fill on every stream {}",
                     if filled { "ok" } else { "WRONG" }
                 ),
             ),
@@ -211,7 +213,7 @@ mod compute {
     use super::{Checks, GpuCheck, Outcome};
     use crate::models::nn::{to_f32s, Block, BlockDims, ParamBuilder};
     use crate::models::{self, Model};
-    use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
+    use crate::runtime::slot::cuda::{Binding, Carving, GpuDevice, GpuSlot};
     use crate::runtime::trainer::{Compute, TrainConfig, Trainer};
     use crate::EngineError;
     use crate::Schedule;
@@ -259,6 +261,10 @@ mod compute {
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
+        for how in [Carving::OneSplit, Carving::InTurn] {
+            let name = format!("six slots at once ({how:?})");
+            out.push(outcome(&name, || six_slots(device, how)));
+        }
         // Last: a kernel fault would end the CUDA context, and every check after it.
         out.push(outcome("fused attention", || attention(device)));
     }
@@ -773,15 +779,7 @@ mod compute {
             .map(|d| matmuls(d, MATMULS))
             .collect::<Res<Vec<_>>>()?;
         let t = Instant::now();
-        let together = std::thread::scope(|scope| {
-            let runs: Vec<_> = devs
-                .iter()
-                .map(|d| scope.spawn(move || matmuls(d, MATMULS)))
-                .collect();
-            runs.into_iter()
-                .map(|r| r.join().expect("a matmul thread panicked"))
-                .collect::<Res<Vec<_>>>()
-        })?;
+        let together = at_once(&devs, |_, d| matmuls(d, MATMULS))?;
         let wall = t.elapsed().as_secs_f64() * 1e3;
         let sum: f64 = alone.iter().sum();
         Ok((
@@ -798,5 +796,94 @@ mod compute {
                 wall / sum
             ),
         ))
+    }
+
+    /// `f(i, device)` for every device, each from its own thread, all at once.
+    fn at_once<T: Send>(
+        devs: &[Device],
+        f: impl Fn(usize, &Device) -> Res<T> + Sync,
+    ) -> Res<Vec<T>> {
+        std::thread::scope(|scope| {
+            let f = &f;
+            let runs: Vec<_> = devs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| scope.spawn(move || f(i, d)))
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("a slot's thread panicked"))
+                .collect()
+        })
+    }
+
+    /// ImageBind's stage of six encoders (48, 24, 32, 8, 8 and 8 SMs), carved `how`, each slot
+    /// running a linear layer's products from its own thread, all at once. On an H200 a plan
+    /// with these slots (carved in turn, in the plan's order) failed in the last 8-SM slot's
+    /// cuBLAS call. Every slot must get the SMs asked and every product be exact (the operands
+    /// are chosen so that bf16 holds every result exactly).
+    fn six_slots(device: &GpuDevice, how: Carving) -> Res<(bool, String)> {
+        let sms = device.sms() as f64;
+        let names = ["vision", "text", "audio", "depth", "thermal", "imu"];
+        let stage: Vec<(&str, f64)> = names
+            .iter()
+            .zip([48.0, 24.0, 32.0, 8.0, 8.0, 8.0])
+            .map(|(&name, n)| (name, n / sms))
+            .collect();
+        let quotas: Vec<f64> = stage.iter().map(|m| m.1).collect();
+        let asked = device.stage_sms(&quotas)?;
+        let slots = device.create_stage_by(&stage, how)?;
+        let granted: Vec<u32> = slots.iter().map(GpuSlot::sms).collect();
+        // SAFETY: the devices are dropped at the end of this function, before the slots.
+        let devs = slots
+            .iter()
+            .map(|s| unsafe { s.candle_device(Binding::Primary) })
+            .collect::<Res<Vec<_>>>()?;
+        let t = Instant::now();
+        let errors = at_once(&devs, |i, d| linear_products(d, i).map_err(tensor))?;
+        let wall = t.elapsed().as_secs_f64() * 1e3;
+        let worst = errors.iter().copied().fold(0.0, f64::max);
+        Ok((
+            granted == asked && worst == 0.0,
+            format!(
+                "asked {asked:?} SMs, granted {granted:?}; {PRODUCT_ROUNDS} rounds of x·w, dy·wᵀ \
+                 and xᵀ·dy per slot, six threads at once, in {wall:.1} ms; largest relative \
+                 error {worst:.1e} (bound 0)"
+            ),
+        ))
+    }
+
+    /// Rounds of [`linear_products`].
+    const PRODUCT_ROUNDS: usize = 10;
+
+    /// A linear layer's forward and backward products in bf16 on `dev` (y = x·w, dx = dy·wᵀ,
+    /// dw = xᵀ·dy), shapes varying with `i`, [`PRODUCT_ROUNDS`] times: the largest relative
+    /// error of the last round's results against their exact values (constant operands, so
+    /// every element is k·0.5, n·0.125 or rows·0.25, each exact in bf16).
+    fn linear_products(dev: &Device, i: usize) -> candle_core::Result<f64> {
+        let (rows, k, n) = (1024 + 256 * i, 512 + 128 * i, 1536);
+        let full =
+            |v: f32, shape: (usize, usize)| Tensor::full(v, shape, dev)?.to_dtype(DType::BF16);
+        let (x, w, dy) = (
+            full(1.0, (rows, k))?,
+            full(0.5, (k, n))?,
+            full(0.25, (rows, n))?,
+        );
+        let mut last = Vec::new();
+        for _ in 0..PRODUCT_ROUNDS {
+            last = vec![
+                (x.matmul(&w)?, k as f64 * 0.5),
+                (dy.matmul(&w.t()?)?, n as f64 * 0.125),
+                (x.t()?.matmul(&dy)?, rows as f64 * 0.25),
+            ];
+        }
+        dev.synchronize()?;
+        let mut worst = 0.0f64;
+        for (t, want) in last {
+            let got: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            for g in got {
+                worst = worst.max((g as f64 - want).abs() / want);
+            }
+        }
+        Ok(worst)
     }
 }

@@ -72,18 +72,49 @@ fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<Identity, Engi
     })
 }
 
-/// The order in which a stage's slots (`sms` each) are split off the device: smallest first,
-/// ties in the stage's order. Each split takes its SMs from what the earlier ones left, so the
-/// last slot gets the leftovers, possibly scattered over the GPU's GPCs; a large slot still
-/// holds whole GPCs for kernels of thread-block clusters (cuBLAS's, on Hopper), a small one may
-/// hold none. Why it matters: on an H200, a real-size ImageBind stage split in the plan's order
-/// (48, 24, 32, 8, 8, 8 SMs) failed in the last 8-SM slot's cuBLAS call
+/// How a slot's SMs were carved from its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carving {
+    /// Every SM: a module alone on its GPU.
+    Whole,
+    /// One split of the whole device into equal groups (the stage's largest common group
+    /// size), each slot a green context of as many groups as its SMs need. Every group is an
+    /// output of the split, so each is "structured": its SMs are co-scheduled, as thread-block
+    /// clusters need (cuBLAS's GEMMs use them on Hopper); the driver accepts one descriptor over
+    /// several outputs of one split (`cuDevResourceGenerateDesc`, CUDA 13 driver API).
+    OneSplit,
+    /// One slot split off at a time, smallest first (ties in the stage's order): what is left
+    /// becomes a scaffolding green context whose SMs are split for the next slot. Each later
+    /// split takes its SMs from an earlier split's remainder, which the driver guarantees no
+    /// co-scheduling for. Runs where [`Carving::OneSplit`] is refused.
+    InTurn,
+}
+
+/// The order in which [`Carving::InTurn`] splits a stage's slots (`sms` each) off the device:
+/// smallest first, ties in the stage's order, so the last slot, which gets the leftovers, is
+/// the largest. Why: on an H200, a real-size ImageBind stage split in the plan's order (48, 24,
+/// 32, 8, 8, 8 SMs) failed in the last 8-SM slot's cuBLAS call
 /// (`CUBLAS_STATUS_EXECUTION_FAILED`, also with launches blocking), while the same module alone
-/// in an 8-SM slot trained; that clusters are the cause is our reading, not yet checked.
+/// in an 8-SM slot trained; that co-scheduling is the cause is our reading, not yet checked.
 fn split_order(sms: &[u32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..sms.len()).collect();
     order.sort_by_key(|&i| sms[i]);
     order
+}
+
+/// [`Carving::OneSplit`]'s group size for a stage's slots (`sms` each) and how many groups each
+/// slot takes: the greatest common divisor of the slots' SMs, if it is a partition the device
+/// grants on its own (at least `min_sms`).
+fn equal_groups(sms: &[u32], min_sms: u32) -> Option<(u32, Vec<u32>)> {
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let unit = sms.iter().copied().fold(0, gcd);
+    (unit > 0 && unit >= min_sms).then(|| (unit, sms.iter().map(|n| n / unit).collect()))
 }
 
 impl GpuDevice {
@@ -215,15 +246,22 @@ impl GpuDevice {
     /// stream per module; a module alone at quota 1 gets the whole device's SMs.
     ///
     /// [`partition_sms`] first takes SMs back from the modules rounded up the most until the
-    /// stage fits the device, then the stage's SMs are split off one module at a time with
-    /// `cuDevSmResourceSplitByCount`. The driver neither splits a split's output again nor
-    /// (CUDA 12.4) merges several into one descriptor, so what is left after each module
-    /// becomes a green context of its own, whose SM resource is split for the next module;
-    /// these scaffolding contexts (one fewer than the stage's modules, never given work) live
-    /// as long as the stage's slots. The smallest slots are split off first (`split_order`).
-    /// Slots of different stages may share SMs: stages do not overlap in time.
-    /// [`GpuSlot::sms`] reports what the driver granted, read back from the slot's context.
+    /// stage fits the device; the SMs are then carved by [`Carving::OneSplit`], or where the
+    /// driver refuses it, [`Carving::InTurn`] ([`GpuSlot::carving`] says which). Slots of
+    /// different stages may share SMs: stages do not overlap in time. [`GpuSlot::sms`] reports
+    /// what the driver granted, read back from the slot's context.
     pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
+        self.create_stage_by(modules, Carving::OneSplit)
+            .or_else(|_| self.create_stage_by(modules, Carving::InTurn))
+    }
+
+    /// [`GpuDevice::create_stage`] carved `how`, without falling back (`check gpu` tries each).
+    /// [`Carving::Whole`] takes one module at quota 1; the other two any stage.
+    pub fn create_stage_by(
+        &self,
+        modules: &[(&str, f64)],
+        how: Carving,
+    ) -> Result<Vec<GpuSlot>, EngineError> {
         // A module alone at the whole GPU gets every SM: a green context of the device's whole
         // SM resource, since a split hands out at most ⌊SMs/step⌋·step (128 of an H100's 132).
         if let [(module, quota)] = *modules {
@@ -233,18 +271,106 @@ impl GpuDevice {
                     &self.inner,
                     module,
                     quota,
-                    &whole,
+                    &[whole],
                     Arc::new(Vec::new()),
+                    Carving::Whole,
                 )?]);
             }
         }
         let quotas: Vec<f64> = modules.iter().map(|m| m.1).collect();
         let sms = self.stage_sms(&quotas)?;
+        match how {
+            Carving::OneSplit => self.split_once(modules, &sms),
+            Carving::InTurn => self.split_in_turn(modules, &sms),
+            Carving::Whole => Err(EngineError::Cuda {
+                what: format!("carving a stage of {modules:?} (device {})", self.ordinal()),
+                message: "only a module alone at quota 1 gets the whole device".into(),
+            }),
+        }
+    }
+
+    /// [`Carving::OneSplit`]: the stage's `sms` (per module) as groups of one split.
+    fn split_once(
+        &self,
+        modules: &[(&str, f64)],
+        sms: &[u32],
+    ) -> Result<Vec<GpuSlot>, EngineError> {
+        let device = &self.inner;
+        let at = |what: &str| {
+            format!(
+                "{what} carving {sms:?} SMs in one split (device {})",
+                device.ordinal
+            )
+        };
+        let refused = |message: String| EngineError::Cuda {
+            what: at("cuDevSmResourceSplitByCount"),
+            message,
+        };
+        let min = self.granularity().min_sms;
+        let (unit, counts) = equal_groups(sms, min).ok_or_else(|| {
+            refused(format!(
+                "the slots share no group size of at least {min} SMs"
+            ))
+        })?;
+        let wanted: u32 = counts.iter().sum();
+        // SAFETY (zeroed): plain C structs the driver fills.
+        let mut groups: Vec<CUdevResource> = vec![unsafe { std::mem::zeroed() }; wanted as usize];
+        let mut rest: CUdevResource = unsafe { std::mem::zeroed() };
+        let mut made = wanted;
+        // SAFETY: the device's SM resource; `groups` has room for `made` results; out pointers
+        // point at live locals.
+        check(
+            unsafe {
+                sys::cuDevSmResourceSplitByCount(
+                    groups.as_mut_ptr(),
+                    &mut made,
+                    &device.whole,
+                    &mut rest,
+                    0,
+                    unit,
+                )
+            },
+            || at("cuDevSmResourceSplitByCount"),
+        )?;
+        let sizes: Vec<u32> = groups[..made as usize].iter().map(sm_count).collect();
+        if made != wanted || sizes.iter().any(|&n| n != unit) {
+            return Err(refused(format!(
+                "asked for {wanted} groups of {unit} SMs, the driver made {sizes:?}"
+            )));
+        }
+        let mut slots = Vec::with_capacity(modules.len());
+        let mut next = 0;
+        for (&(module, quota), k) in modules.iter().zip(counts) {
+            let parts = &groups[next..next + k as usize];
+            next += k as usize;
+            let scaffold = Arc::new(Vec::new());
+            slots.push(GpuSlot::create(
+                device,
+                module,
+                quota,
+                parts,
+                scaffold,
+                Carving::OneSplit,
+            )?);
+        }
+        Ok(slots)
+    }
+
+    /// [`Carving::InTurn`]: the stage's `sms` (per module) split off one at a time. The driver
+    /// neither splits a split's output again nor merges outputs of different splits, so what
+    /// is left after each module becomes a green context of its own, whose SM resource is split
+    /// for the next; these scaffolding contexts (one fewer than the stage's modules, never
+    /// given work) live as long as the stage's slots.
+    fn split_in_turn(
+        &self,
+        modules: &[(&str, f64)],
+        sms: &[u32],
+    ) -> Result<Vec<GpuSlot>, EngineError> {
         let device = &self.inner;
         let mut input = device.whole;
         let mut scaffold = Vec::new();
         let mut parts: Vec<Option<CUdevResource>> = vec![None; sms.len()];
-        let order = split_order(&sms);
+        let order = split_order(sms);
         for (i, &m) in order.iter().enumerate() {
             let (module, n) = (modules[m].0, sms[m]);
             let left = sm_count(&input);
@@ -274,7 +400,7 @@ impl GpuDevice {
             parts[m] = Some(part);
             if i + 1 < modules.len() {
                 // The rest cannot be split again as it is; as a green context's resource it can.
-                let rest = GreenCtx::create(device.dev, &rest, &at)?;
+                let rest = GreenCtx::create(device.dev, &[rest], &at)?;
                 input = rest.sm_resource(&at)?;
                 scaffold.push(rest);
             }
@@ -284,8 +410,15 @@ impl GpuDevice {
             .iter()
             .zip(&parts)
             .map(|(&(module, quota), part)| {
-                let part = part.as_ref().expect("every module's SMs were split off");
-                GpuSlot::create(&self.inner, module, quota, part, scaffold.clone())
+                let part = part.expect("every module's SMs were split off");
+                GpuSlot::create(
+                    device,
+                    module,
+                    quota,
+                    &[part],
+                    scaffold.clone(),
+                    Carving::InTurn,
+                )
             })
             .collect()
     }
@@ -379,7 +512,21 @@ impl Drop for Scratch<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_order;
+    use super::{equal_groups, split_order};
+
+    #[test]
+    fn one_split_groups_are_the_slots_greatest_common_size() {
+        // ImageBind's six-way stage on an H100: 16 groups of 8 SMs.
+        assert_eq!(
+            equal_groups(&[48, 24, 32, 8, 8, 8], 8),
+            Some((8, vec![6, 3, 4, 1, 1, 1]))
+        );
+        assert_eq!(equal_groups(&[64, 64], 8), Some((64, vec![1, 1])));
+        assert_eq!(equal_groups(&[96, 32], 8), Some((32, vec![3, 1])));
+        // An A100's 6 + 4 SMs share groups of 2, which it does not grant alone (4 at least).
+        assert_eq!(equal_groups(&[6, 4], 4), None);
+        assert_eq!(equal_groups(&[], 8), None);
+    }
 
     #[test]
     fn the_smallest_slots_are_split_off_first_ties_in_stage_order() {

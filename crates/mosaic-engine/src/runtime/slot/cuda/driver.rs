@@ -163,18 +163,25 @@ unsafe impl Send for GreenCtx {}
 unsafe impl Sync for GreenCtx {}
 
 impl GreenCtx {
-    /// A green context (with a default stream) of `resource` on device `dev`.
+    /// A green context (with a default stream) of `resources` on device `dev`: one SM
+    /// resource, or several outputs of one split (the driver refuses others).
     pub(super) fn create(
         dev: CUdevice,
-        resource: &CUdevResource,
+        resources: &[CUdevResource],
         at: &dyn Fn(&str) -> String,
     ) -> Result<GreenCtx, EngineError> {
-        let mut resources = [*resource];
+        let mut resources = resources.to_vec();
         let mut desc: CUdevResourceDesc = std::ptr::null_mut();
-        // SAFETY: `resource` is an SM resource of this device (a split result); out pointers
+        // SAFETY: `resources` are SM resources of this device (split outputs); out pointers
         // point at live locals.
         check(
-            unsafe { sys::cuDevResourceGenerateDesc(&mut desc, resources.as_mut_ptr(), 1) },
+            unsafe {
+                sys::cuDevResourceGenerateDesc(
+                    &mut desc,
+                    resources.as_mut_ptr(),
+                    resources.len() as u32,
+                )
+            },
             || at("cuDevResourceGenerateDesc"),
         )?;
         let mut green: CUgreenCtx = std::ptr::null_mut();

@@ -13,6 +13,7 @@ use std::thread::ThreadId;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevResource, CUdeviceptr, CUstream, CUstream_flags};
 
+use super::device::Carving;
 use super::driver::{check, sm_count, DeviceInner, GreenCtx};
 use crate::error::EngineError;
 
@@ -22,6 +23,7 @@ pub struct GpuSlot {
     module: String,
     quota: f64,
     sms: u32,
+    carving: Carving,
     context: CUcontext,
     stream: CUstream,
     owner: Owner,
@@ -43,33 +45,36 @@ impl std::fmt::Debug for GpuSlot {
             .field("module", &self.module)
             .field("quota", &self.quota)
             .field("sms", &self.sms)
+            .field("carving", &self.carving)
             .field("device", &self.device.ordinal)
             .finish()
     }
 }
 
 impl GpuSlot {
-    /// A green context of `part` (a split result) and a non-blocking stream in it.
+    /// A green context of `parts` (outputs of one split) and a non-blocking stream in it.
     pub(super) fn create(
         device: &Arc<DeviceInner>,
         module: &str,
         quota: f64,
-        part: &CUdevResource,
+        parts: &[CUdevResource],
         scaffold: Arc<Vec<GreenCtx>>,
+        carving: Carving,
     ) -> Result<GpuSlot, EngineError> {
         let at = |what: &str| {
             format!(
                 "{what} for a {}-SM slot of module \"{module}\" (device {})",
-                sm_count(part),
+                parts.iter().map(sm_count).sum::<u32>(),
                 device.ordinal
             )
         };
-        let green = GreenCtx::create(device.dev, part, &at)?;
+        let green = GreenCtx::create(device.dev, parts, &at)?;
         let granted = green.sm_resource(&at)?;
         let mut slot = GpuSlot {
             module: module.to_string(),
             quota,
             sms: sm_count(&granted),
+            carving,
             context: std::ptr::null_mut(),
             stream: std::ptr::null_mut(),
             owner: Owner::default(),
@@ -110,6 +115,11 @@ impl GpuSlot {
     /// SMs the driver granted its green context.
     pub fn sms(&self) -> u32 {
         self.sms
+    }
+
+    /// How its SMs were carved from the device.
+    pub fn carving(&self) -> Carving {
+        self.carving
     }
 
     /// The ordinal of its device.
@@ -302,7 +312,7 @@ impl Owner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::slot::cuda::{driver_unavailable, GpuDevice};
+    use crate::runtime::slot::cuda::{driver_unavailable, Carving, GpuDevice};
     use crate::runtime::slot::Slot;
 
     #[test]
@@ -355,6 +365,31 @@ mod tests {
         );
         assert!(granted.iter().all(|&n| g.allows(n)), "{granted:?} vs {g:?}");
         assert!(granted.iter().sum::<u32>() <= device.sms());
+        // Each carving grants what was asked, ImageBind's six-way stage too.
+        let six: Vec<(&str, f64)> = [48.0, 24.0, 32.0, 8.0, 8.0, 8.0]
+            .iter()
+            .map(|&n| ("m", n / device.sms() as f64))
+            .collect();
+        for stage in [&modules, &six] {
+            let quotas: Vec<f64> = stage.iter().map(|m| m.1).collect();
+            let asked = device.stage_sms(&quotas).unwrap();
+            for how in [Carving::OneSplit, Carving::InTurn] {
+                match device.create_stage_by(stage, how) {
+                    Ok(slots) => {
+                        let got: Vec<u32> = slots.iter().map(GpuSlot::sms).collect();
+                        eprintln!("{how:?}: asked {asked:?}, got {got:?}");
+                        assert_eq!(got, asked, "{how:?}");
+                        assert!(slots.iter().all(|s| s.carving() == how));
+                    }
+                    // The driver may refuse one descriptor over several groups; then
+                    // create_stage falls back to splitting in turn, which must work.
+                    Err(e) => {
+                        eprintln!("{how:?} refused: {e}");
+                        assert_eq!(how, Carving::OneSplit, "{e}");
+                    }
+                }
+            }
+        }
         for (i, slot) in slots.iter().enumerate() {
             let value = 0x5107_0000 + i as u32;
             let got = slot.fill(4096, value).expect("fill on the slot's stream");

@@ -37,7 +37,7 @@ pub use compute::Binding;
 pub(crate) use device::Scratch;
 #[cfg(feature = "cuda")]
 pub use {
-    device::GpuDevice,
+    device::{Carving, GpuDevice},
     driver::driver_unavailable,
     green::{Current, GpuSlot},
     pool::{GpuSlotPool, StageSlots},
