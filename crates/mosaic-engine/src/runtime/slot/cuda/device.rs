@@ -517,6 +517,13 @@ mod tests {
     use super::{equal_groups, split_order};
 
     #[test]
+    fn resources_have_the_drivers_stride() {
+        // `split_once` hands the driver an array of them: CUDA 13.0's cuda.h lays one out as
+        // a type (4 bytes), 92 bytes of padding and a 48-byte union (RESOURCE_ABI_EXTERNAL_BYTES).
+        assert_eq!(std::mem::size_of::<cudarc::driver::sys::CUdevResource>(), 144);
+    }
+
+    #[test]
     fn one_split_groups_are_the_slots_greatest_common_size() {
         // ImageBind's six-way stage on an H100: 16 groups of 8 SMs.
         assert_eq!(
