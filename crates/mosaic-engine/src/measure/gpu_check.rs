@@ -261,9 +261,20 @@ mod compute {
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
+        // Before the attention kernels: a cuBLAS failure here (the H200's) is an error the
+        // context survives, where a faulting kernel of ours would end it.
         for how in [Carving::OneSplit, Carving::InTurn] {
             let name = format!("six slots at once ({how:?})");
-            out.push(outcome(&name, || six_slots(device, how)));
+            out.push(match device.create_stage_by(&SIX, how) {
+                Ok(slots) => outcome(&name, || six_slots(device, &slots)),
+                // A stage the driver will not carve in one split is split in turn.
+                Err(e) if how == Carving::OneSplit => GpuCheck::new(
+                    &name,
+                    Outcome::Skip,
+                    format!("the driver refused it ({e}); stages are split in turn"),
+                ),
+                Err(e) => GpuCheck::new(&name, Outcome::Fail, e.to_string()),
+            });
         }
         // Last: a kernel fault would end the CUDA context, and every check after it.
         out.push(outcome("fused attention", || attention(device)));
@@ -798,7 +809,8 @@ mod compute {
         ))
     }
 
-    /// `f(i, device)` for every device, each from its own thread, all at once.
+    /// `f(i, device)` for every device, each from its own thread, all at once; a thread's
+    /// panic goes on in the caller.
     fn at_once<T: Send>(
         devs: &[Device],
         f: impl Fn(usize, &Device) -> Res<T> + Sync,
@@ -811,27 +823,29 @@ mod compute {
                 .map(|(i, d)| scope.spawn(move || f(i, d)))
                 .collect();
             runs.into_iter()
-                .map(|r| r.join().expect("a slot's thread panicked"))
+                .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         })
     }
 
-    /// ImageBind's stage of six encoders (48, 24, 32, 8, 8 and 8 SMs), carved `how`, each slot
-    /// running a linear layer's products from its own thread, all at once. On an H200 a plan
-    /// with these slots (carved in turn, in the plan's order) failed in the last 8-SM slot's
-    /// cuBLAS call. Every slot must get the SMs asked and every product be exact (the operands
-    /// are chosen so that bf16 holds every result exactly).
-    fn six_slots(device: &GpuDevice, how: Carving) -> Res<(bool, String)> {
-        let sms = device.sms() as f64;
-        let names = ["vision", "text", "audio", "depth", "thermal", "imu"];
-        let stage: Vec<(&str, f64)> = names
-            .iter()
-            .zip([48.0, 24.0, 32.0, 8.0, 8.0, 8.0])
-            .map(|(&name, n)| (name, n / sms))
-            .collect();
-        let quotas: Vec<f64> = stage.iter().map(|m| m.1).collect();
+    /// ImageBind's stage of six encoders on an H100 or H200, in SMs of 132 (as quotas): the
+    /// plan whose last 8-SM slot's cuBLAS call failed on an H200, its slots split in turn in
+    /// the plan's order.
+    const SIX: [(&str, f64); 6] = [
+        ("vision", 48.0 / 132.0),
+        ("text", 24.0 / 132.0),
+        ("audio", 32.0 / 132.0),
+        ("depth", 8.0 / 132.0),
+        ("thermal", 8.0 / 132.0),
+        ("imu", 8.0 / 132.0),
+    ];
+
+    /// [`SIX`]'s `slots`, each running a linear layer's products from its own thread, all at
+    /// once: every slot must hold the SMs asked and every product be exact (the operands are
+    /// chosen so that bf16 holds every result exactly).
+    fn six_slots(device: &GpuDevice, slots: &[GpuSlot]) -> Res<(bool, String)> {
+        let quotas: Vec<f64> = SIX.iter().map(|m| m.1).collect();
         let asked = device.stage_sms(&quotas)?;
-        let slots = device.create_stage_by(&stage, how)?;
         let granted: Vec<u32> = slots.iter().map(GpuSlot::sms).collect();
         // SAFETY: the devices are dropped at the end of this function, before the slots.
         let devs = slots
@@ -839,15 +853,15 @@ mod compute {
             .map(|s| unsafe { s.candle_device(Binding::Primary) })
             .collect::<Res<Vec<_>>>()?;
         let t = Instant::now();
-        let errors = at_once(&devs, |i, d| linear_products(d, i).map_err(tensor))?;
+        let wrong = at_once(&devs, |i, d| linear_products(d, i).map_err(tensor))?;
         let wall = t.elapsed().as_secs_f64() * 1e3;
-        let worst = errors.iter().copied().fold(0.0, f64::max);
+        let wrong: usize = wrong.iter().sum();
         Ok((
-            granted == asked && worst == 0.0,
+            granted == asked && wrong == 0,
             format!(
                 "asked {asked:?} SMs, granted {granted:?}; {PRODUCT_ROUNDS} rounds of x·w, dy·wᵀ \
-                 and xᵀ·dy per slot, six threads at once, in {wall:.1} ms; largest relative \
-                 error {worst:.1e} (bound 0)"
+                 and xᵀ·dy per slot, six threads at once, {wall:.1} ms from the threads' start; \
+                 {wrong} elements not exact (bound 0)"
             ),
         ))
     }
@@ -856,10 +870,10 @@ mod compute {
     const PRODUCT_ROUNDS: usize = 10;
 
     /// A linear layer's forward and backward products in bf16 on `dev` (y = x·w, dx = dy·wᵀ,
-    /// dw = xᵀ·dy), shapes varying with `i`, [`PRODUCT_ROUNDS`] times: the largest relative
-    /// error of the last round's results against their exact values (constant operands, so
-    /// every element is k·0.5, n·0.125 or rows·0.25, each exact in bf16).
-    fn linear_products(dev: &Device, i: usize) -> candle_core::Result<f64> {
+    /// dw = xᵀ·dy), shapes varying with `i`, [`PRODUCT_ROUNDS`] times: how many elements of all
+    /// rounds' results differ from their exact values (constant operands, so every element is
+    /// k·0.5, n·0.125 or rows·0.25, each exact in bf16, and every partial sum exact in f32).
+    fn linear_products(dev: &Device, i: usize) -> candle_core::Result<usize> {
         let (rows, k, n) = (1024 + 256 * i, 512 + 128 * i, 1536);
         let full =
             |v: f32, shape: (usize, usize)| Tensor::full(v, shape, dev)?.to_dtype(DType::BF16);
@@ -868,22 +882,19 @@ mod compute {
             full(0.5, (k, n))?,
             full(0.25, (rows, n))?,
         );
-        let mut last = Vec::new();
+        let mut results = Vec::new();
         for _ in 0..PRODUCT_ROUNDS {
-            last = vec![
-                (x.matmul(&w)?, k as f64 * 0.5),
-                (dy.matmul(&w.t()?)?, n as f64 * 0.125),
-                (x.t()?.matmul(&dy)?, rows as f64 * 0.25),
-            ];
+            results.push((x.matmul(&w)?, k as f32 * 0.5));
+            results.push((dy.matmul(&w.t()?)?, n as f32 * 0.125));
+            results.push((x.t()?.matmul(&dy)?, rows as f32 * 0.25));
         }
         dev.synchronize()?;
-        let mut worst = 0.0f64;
-        for (t, want) in last {
+        let mut wrong = 0;
+        for (t, want) in results {
             let got: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-            for g in got {
-                worst = worst.max((g as f64 - want).abs() / want);
-            }
+            // NaN compares unequal, so a garbage result counts.
+            wrong += got.iter().filter(|&&g| g != want).count();
         }
-        Ok(worst)
+        Ok(wrong)
     }
 }

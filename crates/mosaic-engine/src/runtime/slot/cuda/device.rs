@@ -254,7 +254,16 @@ impl GpuDevice {
     /// what the driver granted, read back from the slot's context.
     pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
         self.create_stage_by(modules, Carving::OneSplit)
-            .or_else(|_| self.create_stage_by(modules, Carving::InTurn))
+            .or_else(|one| {
+                self.create_stage_by(modules, Carving::InTurn)
+                    .map_err(|turn| match turn {
+                        EngineError::Cuda { what, message } => EngineError::Cuda {
+                            what,
+                            message: format!("{message} (and in one split: {one})"),
+                        },
+                        other => other,
+                    })
+            })
     }
 
     /// [`GpuDevice::create_stage`] carved `how`, without falling back (`check gpu` tries each).
@@ -304,15 +313,16 @@ impl GpuDevice {
                 device.ordinal
             )
         };
-        let refused = |message: String| EngineError::Cuda {
-            what: at("cuDevSmResourceSplitByCount"),
+        let refused = |what: &str, message: String| EngineError::Cuda {
+            what: at(what),
             message,
         };
         let min = self.granularity().min_sms;
         let (unit, counts) = equal_groups(sms, min).ok_or_else(|| {
-            refused(format!(
-                "the slots share no group size of at least {min} SMs"
-            ))
+            refused(
+                "sizing the groups",
+                format!("the slots share no group size of at least {min} SMs"),
+            )
         })?;
         let wanted: u32 = counts.iter().sum();
         // SAFETY (zeroed): plain C structs the driver fills.
@@ -336,24 +346,28 @@ impl GpuDevice {
         )?;
         let sizes: Vec<u32> = groups[..made as usize].iter().map(sm_count).collect();
         if made != wanted || sizes.iter().any(|&n| n != unit) {
-            return Err(refused(format!(
-                "asked for {wanted} groups of {unit} SMs, the driver made {sizes:?}"
-            )));
+            return Err(refused(
+                "cuDevSmResourceSplitByCount",
+                format!("asked for {wanted} groups of {unit} SMs, the driver made {sizes:?}"),
+            ));
         }
         let mut slots = Vec::with_capacity(modules.len());
         let mut next = 0;
-        for (&(module, quota), k) in modules.iter().zip(counts) {
+        for ((&(module, quota), k), &want) in modules.iter().zip(counts).zip(sms) {
             let parts = &groups[next..next + k as usize];
             next += k as usize;
             let scaffold = Arc::new(Vec::new());
-            slots.push(GpuSlot::create(
-                device,
-                module,
-                quota,
-                parts,
-                scaffold,
-                Carving::OneSplit,
-            )?);
+            let slot = GpuSlot::create(device, module, quota, parts, scaffold, Carving::OneSplit)?;
+            if slot.sms() != want {
+                return Err(refused(
+                    "cuGreenCtxCreate",
+                    format!(
+                        "module \"{module}\" asked for {want} SMs, its context holds {}",
+                        slot.sms()
+                    ),
+                ));
+            }
+            slots.push(slot);
         }
         Ok(slots)
     }
@@ -520,7 +534,10 @@ mod tests {
     fn resources_have_the_drivers_stride() {
         // `split_once` hands the driver an array of them: CUDA 13.0's cuda.h lays one out as
         // a type (4 bytes), 92 bytes of padding and a 48-byte union (RESOURCE_ABI_EXTERNAL_BYTES).
-        assert_eq!(std::mem::size_of::<cudarc::driver::sys::CUdevResource>(), 144);
+        assert_eq!(
+            std::mem::size_of::<cudarc::driver::sys::CUdevResource>(),
+            144
+        );
     }
 
     #[test]
