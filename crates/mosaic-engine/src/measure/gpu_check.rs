@@ -102,7 +102,7 @@ pub fn check_gpu(ordinal: usize, each: &mut dyn FnMut(&GpuCheck)) -> Vec<GpuChec
 #[cfg(feature = "cuda")]
 mod on_device {
     use super::{Checks, GpuCheck, Outcome};
-    use crate::runtime::slot::cuda::GpuDevice;
+    use crate::runtime::slot::cuda::{Carving, GpuDevice};
 
     /// The checks that need only the driver, then those of the GPU build.
     pub(super) fn run(ordinal: usize, out: &mut Checks) {
@@ -137,11 +137,11 @@ mod on_device {
     fn slots(device: &GpuDevice) -> GpuCheck {
         let name = "green-context slots";
         let quotas = [0.25, 0.5, 0.25];
-        let run = || -> Result<(Vec<u32>, Vec<u32>, bool, String), crate::EngineError> {
+        let run = || -> Result<(Vec<u32>, Vec<u32>, bool, Carving), crate::EngineError> {
             let asked = device.stage_sms(&quotas)?;
             let slots =
                 device.create_stage(&[("a", quotas[0]), ("b", quotas[1]), ("c", quotas[2])])?;
-            let carving = format!("{:?}", slots[0].carving());
+            let carving = slots[0].carving();
             let granted: Vec<u32> = slots.iter().map(|s| s.sms()).collect();
             let mut filled = true;
             for (i, slot) in slots.iter().enumerate() {
@@ -163,7 +163,7 @@ mod on_device {
                 asked == granted && filled,
                 format!(
                     "quotas {quotas:?}: asked {asked:?} SMs, granted {granted:?} (carved \
-                     {carving}); fill on every stream {}",
+                     {carving:?}); fill on every stream {}",
                     if filled { "ok" } else { "WRONG" }
                 ),
             ),
