@@ -1,12 +1,16 @@
-//! Compiles the engine's own CUDA kernels (`kernels/*.cu`) to PTX for the GPU build, which
+//! Compiles the engine's own CUDA kernels (`kernels/*.cu`) for the GPU build, which
 //! `scripts/cuda-cargo` makes: it sets `--cfg mosaic_gpu`, puts CUDA 13.0's nvcc on PATH and
 //! names the compute capability in CUDA_COMPUTE_CAP. Every other build compiles nothing.
+//!
+//! Each file becomes a fatbin holding the machine code for that capability (so ptxas checks
+//! every kernel here, at build time, and a GPU loads it without compiling) and its PTX (which
+//! the driver compiles for a newer GPU).
 
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The kernels, each compiled to `$OUT_DIR/<name>.ptx`.
+/// The kernels, each compiled to `$OUT_DIR/<name>.fatbin`.
 const KERNELS: &[&str] = &["adamw", "attention", "elementwise"];
 
 fn main() {
@@ -21,15 +25,17 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     for name in KERNELS {
         let source = format!("kernels/{name}.cu");
-        let ptx = out.join(format!("{name}.ptx"));
+        let fatbin = out.join(format!("{name}.fatbin"));
         let status = Command::new(&nvcc)
-            .args(["--ptx", "-O3", &format!("-arch=compute_{cap}"), "-o"])
-            .arg(&ptx)
+            .args(["--fatbin", "-O3", "-gencode"])
+            .arg(format!("arch=compute_{cap},code=[sm_{cap},compute_{cap}]"))
+            .arg("-o")
+            .arg(&fatbin)
             .arg(&source)
             .status();
         match status {
             Ok(s) if s.success() => {}
-            Ok(s) => panic!("{nvcc} could not compile {source} to PTX ({s})"),
+            Ok(s) => panic!("{nvcc} could not compile {source} ({s})"),
             Err(e) => panic!(
                 "could not run {nvcc} to compile {source} (the GPU build runs through \
                  scripts/cuda-cargo, which puts nvcc on PATH): {e}"

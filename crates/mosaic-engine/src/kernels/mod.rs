@@ -1,5 +1,5 @@
-//! The engine's own CUDA kernels (`kernels/*.cu`, compiled to PTX by the build script in the
-//! GPU build only): their PTX, what every launch takes (the device, the loaded kernel, device
+//! The engine's own CUDA kernels (`kernels/*.cu`, compiled by the build script in the GPU
+//! build only): their fatbins, what every launch takes (the loaded kernel, the device, device
 //! addresses), and the ops built on them: LayerNorm and GELU ([`elementwise`]) and a Linear
 //! layer's bias ([`bias`]); fused attention's are in `models::flash`, AdamW's in
 //! `runtime::optim`. `kernels/emulated/` runs their source on a CPU for the tests
@@ -8,37 +8,43 @@
 pub mod bias;
 pub mod elementwise;
 
-use std::sync::OnceLock;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, Device, Layout, Result, Storage, Tensor};
 
-/// One `.cu` file's PTX, loaded once per device as a module of this name.
-pub struct Ptx {
-    module: &'static str,
-    source: &'static str,
+/// One `.cu` file compiled by the build script: a fatbin with the machine code for the build's
+/// compute capability and the PTX the driver compiles for a newer one.
+pub struct Image {
+    name: &'static str,
+    fatbin: &'static [u8],
 }
 
 /// `kernels/adamw.cu`: AdamW on one parameter tensor in one pass.
-pub const ADAMW: Ptx = Ptx {
-    module: "mosaic_adamw",
-    source: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+pub const ADAMW: Image = Image {
+    name: "adamw",
+    fatbin: include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin")),
 };
 
 /// `kernels/elementwise.cu`: LayerNorm forward and backward, GELU's backward pass, a bias and
 /// its gradient, one pass each.
-pub const ELEMENTWISE: Ptx = Ptx {
-    module: "mosaic_elementwise",
-    source: include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx")),
+pub const ELEMENTWISE: Image = Image {
+    name: "elementwise",
+    fatbin: include_bytes!(concat!(env!("OUT_DIR"), "/elementwise.fatbin")),
 };
 
 /// `kernels/attention.cu`: FlashAttention-2's forward and backward passes.
-pub const ATTENTION: Ptx = Ptx {
-    module: "mosaic_attention",
-    source: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
+pub const ATTENTION: Image = Image {
+    name: "attention",
+    fatbin: include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin")),
 };
 
 /// The environment variable that chooses the engine's ops on a GPU: unset or `fused`, its own
@@ -85,20 +91,63 @@ pub fn cuda_device<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaDevice> {
     }
 }
 
-/// The kernel `name` of `ptx` on `dev`, allowed `smem` bytes of dynamic shared memory (above
-/// 48 KiB a kernel must ask for it). Launch it with the device's stream's `launch_builder`.
-pub fn kernel(dev: &CudaDevice, ptx: &Ptx, name: &str, smem: u32) -> Result<CudaFunction> {
-    let func = dev
-        .get_or_load_custom_func(name, ptx.module, ptx.source)?
-        .into_cuda_function();
-    if smem > 0 {
-        func.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .w()?;
-    }
-    Ok(func)
+/// A context's loaded modules (by image) and kernels (by name, with the dynamic shared memory
+/// they were allowed), for one thread.
+#[derive(Default)]
+struct Loaded {
+    modules: HashMap<(usize, &'static str), Arc<CudaModule>>,
+    kernels: HashMap<usize, HashMap<String, (CudaFunction, u32)>>,
+}
+
+thread_local! {
+    /// Per thread, so that slots launching from their own threads share no lock. Keyed by the
+    /// raw context; the modules hold their context, so a key is never reused by another one.
+    static LOADED: RefCell<Loaded> = RefCell::default();
+}
+
+/// The kernel `name` of `image` on `dev`'s context, allowed `smem` bytes of dynamic shared
+/// memory (above 48 KiB a kernel must ask for it). The image is loaded into a context once per
+/// launching thread (machine code: no compilation at run time on the build's GPU), the kernel
+/// looked up once. Launch it with the device's stream's `launch_builder`.
+pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<CudaFunction> {
+    let context: Arc<CudaContext> = dev.cuda_stream().context().clone();
+    let key = context.cu_ctx() as usize;
+    LOADED.with_borrow_mut(|loaded| {
+        let known = loaded.kernels.get_mut(&key).and_then(|k| k.get_mut(name));
+        if let Some((func, allowed)) = known {
+            if smem > *allowed {
+                allow_smem(func, smem)?;
+                *allowed = smem;
+            }
+            return Ok(func.clone());
+        }
+        let module = match loaded.modules.get(&(key, image.name)) {
+            Some(module) => module.clone(),
+            None => {
+                let module = context
+                    .load_module(Ptx::from_binary(image.fatbin.to_vec()))
+                    .w()?;
+                loaded.modules.insert((key, image.name), module.clone());
+                module
+            }
+        };
+        let func = module.load_function(name).w()?;
+        if smem > 0 {
+            allow_smem(&func, smem)?;
+        }
+        let kernels = loaded.kernels.entry(key).or_default();
+        kernels.insert(name.to_string(), (func.clone(), smem));
+        Ok(func)
+    })
+}
+
+/// Lets `func` use `smem` bytes of dynamic shared memory.
+fn allow_smem(func: &CudaFunction, smem: u32) -> Result<()> {
+    func.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .w()
 }
 
 /// The device address of the first element of `t`, an f32 or bf16 tensor on a CUDA device,

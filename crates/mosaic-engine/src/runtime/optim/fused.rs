@@ -1,4 +1,4 @@
-//! AdamW on a GPU as one kernel per parameter tensor (`kernels/adamw.cu`, compiled to PTX by the
+//! AdamW on a GPU as one kernel per parameter tensor (`kernels/adamw.cu`, compiled by the
 //! build script): one launch and one pass over memory where the composed update
 //! ([`super::AdamW::step`] on the CPU) takes 16 of each. The parameter and both moments are
 //! updated in place, on the stream of the parameter's device (its slot's), after the work that
