@@ -31,14 +31,13 @@ pub struct SmGranularity {
 }
 
 impl SmGranularity {
-    /// The CUDA driver documentation's guideline for compute capability `major`.x: 6.x one SM;
-    /// 7.x at least 2, multiples of 2; 8.x at least 4, multiples of 2; 9.0 and later at least
+    /// The CUDA driver documentation's guideline for compute capability `major`.x (CUDA 13.0's
+    /// `cuda.h`): 6.x and 7.x at least 2, multiples of 2; 8.x at least 4, multiples of 2; 9.0 and later at least
     /// 8, multiples of 8. (CUDA 13 reports the device's own values as `minSmPartitionSize` and
     /// `smCoscheduledAlignment`; the driver rounds a request up to them in any case.)
     pub fn for_compute_capability(major: i32) -> SmGranularity {
         let (min, step) = match major {
-            i32::MIN..=6 => (1, 1),
-            7 => (2, 2),
+            i32::MIN..=7 => (2, 2),
             8 => (4, 2),
             _ => (8, 8),
         };
@@ -195,20 +194,15 @@ mod tests {
         assert_eq!(SmGranularity::for_compute_capability(9), HOPPER);
         assert_eq!(SmGranularity::for_compute_capability(10), HOPPER);
         assert_eq!(SmGranularity::for_compute_capability(8), AMPERE);
-        assert_eq!(
-            SmGranularity::for_compute_capability(7),
-            SmGranularity {
-                min_sms: 2,
-                step_sms: 2
-            }
-        );
-        assert_eq!(
-            SmGranularity::for_compute_capability(6),
-            SmGranularity {
-                min_sms: 1,
-                step_sms: 1
-            }
-        );
+        for major in [6, 7] {
+            assert_eq!(
+                SmGranularity::for_compute_capability(major),
+                SmGranularity {
+                    min_sms: 2,
+                    step_sms: 2
+                }
+            );
+        }
         assert!(HOPPER.allows(16) && !HOPPER.allows(12) && !HOPPER.allows(0));
         assert!(AMPERE.allows(6) && !AMPERE.allows(2) && !AMPERE.allows(7));
         assert_eq!(HOPPER.largest_within(132), Some(128));

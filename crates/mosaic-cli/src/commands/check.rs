@@ -5,7 +5,7 @@
 use anyhow::{anyhow, Result};
 use mosaic_engine::measure::{check_gpu, GpuCheck, Outcome};
 
-use super::engine::{one_process, pin_candle_threads};
+use super::engine::{one_process, set_engine_env};
 
 /// Arguments of `mosaic check`: what it checks.
 #[derive(clap::Subcommand, Debug)]
@@ -32,7 +32,7 @@ pub struct GpuArgs {
 pub fn run(args: Args) -> Result<()> {
     let Args::Gpu(args) = args;
     one_process("mosaic check gpu")?;
-    pin_candle_threads();
+    set_engine_env();
     // Each row as its check ends, with the seconds it took: a check that hangs leaves the
     // rows before it on screen.
     let mut last = std::time::Instant::now();

@@ -18,14 +18,25 @@ pub fn engine(e: EngineError) -> anyhow::Error {
     }
 }
 
-/// Keeps every candle op on its slot's threads. candle runs elementwise ops of 64 Ki elements
-/// or more on a process-wide pool of its own that no slot bounds; with one "thread" that pool
-/// is empty and they run on the calling slot thread (see mosaic_engine::slot). Called before
-/// any other thread exists and any candle op has run, so setting the variable is safe and
-/// takes effect.
-pub fn pin_candle_threads() {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
+/// The process environment the engine runs in, where the user has not set it. Called before
+/// any other thread exists and before any candle op or CUDA call, so setting the variables is
+/// safe and takes effect:
+/// - `CANDLE_NUM_THREADS=1` keeps every candle op on its slot's threads: candle runs elementwise
+///   ops of 64 Ki elements or more on a process-wide pool of its own that no slot bounds; with
+///   one "thread" that pool is empty and they run on the calling slot thread (see
+///   mosaic_engine::slot).
+/// - `CUDA_DEVICE_MAX_CONNECTIONS=32` gives each slot's stream a hardware work queue of its own
+///   up to 32 slots (the driver's default is 8): streams that share a queue may wait on each
+///   other's work, which CUDA 13.0's `cuda.h` names as what can keep disjoint green contexts
+///   from running at once (`cuDevSmResourceSplitByCount`).
+pub fn set_engine_env() {
+    for (name, value) in [
+        ("CANDLE_NUM_THREADS", "1"),
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "32"),
+    ] {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
     }
 }
 

@@ -13,13 +13,14 @@ use mosaic_engine::models::model::Input;
 use mosaic_engine::models::{self, Recipe, TensorFile};
 use mosaic_engine::runtime::checkpoint;
 use mosaic_engine::runtime::feed::{self, FeedConfig, FeedOptions};
+use mosaic_engine::runtime::slot::cuda::Carving;
 use mosaic_engine::{
     sequential_plan, AdamWConfig, Collective, Compute, Device, InProcess, Model, Schedule,
     StepReport, TrainConfig, Trainer,
 };
 use serde_json::json;
 
-use super::engine::{engine, one_process, pin_candle_threads, schedule, size_factor};
+use super::engine::{engine, one_process, schedule, set_engine_env, size_factor};
 use crate::input::{check_output, create_output_dir, BadInput};
 
 /// Arguments of `mosaic train`: a training run, or a verb.
@@ -209,7 +210,7 @@ fn train(args: &RunArgs) -> Result<()> {
     if let Some(dir) = &args.checkpoint_dir {
         check_checkpoint_dir(dir)?;
     }
-    pin_candle_threads();
+    set_engine_env();
     let collective = collective(args.collective)?;
     let (rank, world) = (collective.rank(), collective.world());
     let voice = Voice {
@@ -368,7 +369,8 @@ fn announce(
             "event": "start", "model": m.name, "seed": m.seed, "batch": args.batch,
             "steps": args.steps, "cores": cores, "schedule": trainer.schedule(),
             "collective": trainer.collective().name(), "ranks": world, "modules": params,
-            "slots_created": trainer.slots_created(), "resumed_from": resumed_from,
+            "slots_created": trainer.slots_created(), "carving": carving_names(trainer),
+            "resumed_from": resumed_from,
             "data": data_name, "producers": producers, "recomputing": trainer.recomputing(),
         });
         println!("{start}");
@@ -399,6 +401,18 @@ fn announce(
                 None => String::new(),
             }
         );
+        let in_turn: Vec<&str> = (trainer.slot_carving().iter())
+            .zip(&m.modules)
+            .filter(|(c, _)| **c == Some(Carving::InTurn))
+            .map(|(_, x)| x.name)
+            .collect();
+        if !in_turn.is_empty() {
+            eprintln!(
+                "the slots of {} were split off one at a time: the driver refused to carve \
+                 their stage in one split",
+                in_turn.join(", ")
+            );
+        }
         if !trainer.recomputing().is_empty() {
             eprintln!(
                 "recomputing the activations of {} in the backward pass: the plan's step did not \
@@ -407,6 +421,13 @@ fn announce(
             );
         }
     }
+}
+
+/// How each module's slot was carved from its GPU, by name (`null` off a GPU).
+fn carving_names(trainer: &Trainer) -> Vec<Option<&'static str>> {
+    (trainer.slot_carving().into_iter())
+        .map(|c| c.map(Carving::name))
+        .collect()
 }
 
 /// What the steps of a run leave for its summary.

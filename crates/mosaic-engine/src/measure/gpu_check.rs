@@ -111,13 +111,22 @@ mod on_device {
             Err(e) => return out.push(GpuCheck::new("driver", Outcome::Fail, e.to_string())),
         };
         let (major, minor) = device.compute_capability();
+        let rule = |g: crate::runtime::slot::cuda::SmGranularity| {
+            format!("at least {} SMs, multiples of {}", g.min_sms, g.step_sms)
+        };
+        let reported = match device.reported_granularity() {
+            Some(g) => format!("the driver reports {}", rule(g)),
+            None => "the driver reports none".to_string(),
+        };
         out.push(GpuCheck::new(
             "driver",
             Outcome::Pass,
             format!(
-                "device {ordinal}: {} ({} SMs, compute capability {major}.{minor})",
+                "device {ordinal}: {} ({} SMs, compute capability {major}.{minor}); partitions: \
+                 {} by the guideline, {reported}",
                 device.name(),
-                device.sms()
+                device.sms(),
+                rule(device.granularity()),
             ),
         ));
         out.push(slots(&device));

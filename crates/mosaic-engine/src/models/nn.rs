@@ -283,12 +283,18 @@ fn layer_norm_backward(x: &Tensor, gamma: &Tensor, g: &Tensor) -> Result<Grads3>
     Ok((Some(d_x), Some(d_gamma), Some(d_beta)))
 }
 
-/// GELU (candle's tanh form). On a CUDA device its backward pass is one kernel of ours
-/// (`kernels/elementwise.cu`) where candle's takes sixteen elementwise ops over the MLP's
-/// hidden activations; elsewhere candle differentiates it.
+/// GELU (candle's tanh form). On a CUDA device, in f32 or bf16, its backward pass is one
+/// kernel of ours (`kernels/elementwise.cu`) where candle's takes sixteen elementwise ops over
+/// the MLP's hidden activations; elsewhere candle differentiates it.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     #[cfg(mosaic_gpu)]
-    if x.device().is_cuda() && crate::kernels::fused() {
+    if x.device().is_cuda()
+        && matches!(
+            x.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16
+        )
+        && crate::kernels::fused()
+    {
         return crate::kernels::elementwise::gelu(x);
     }
     x.gelu()

@@ -39,6 +39,7 @@ use super::collective::buffers::{decode, encode, flatten, unflatten};
 use super::collective::{Collective, InProcess};
 use super::optim::{AdamW, AdamWConfig};
 use super::schedule::{Placement, Schedule};
+use super::slot::cuda::Carving;
 use super::slot::{run_in_slots, Job, Slot, SlotMode, SlotPool};
 use crate::error::EngineError;
 use crate::models::data::Batch;
@@ -321,6 +322,14 @@ impl Trainer {
     pub fn slot_sms(&self) -> Vec<Option<u32>> {
         (0..self.model.modules.len())
             .map(|m| self.slots.pooled(m).and_then(Slot::sms))
+            .collect()
+    }
+
+    /// How each module's slot was carved from its GPU (indexed by module); `None` for CPU
+    /// slots and slots made on demand.
+    pub fn slot_carving(&self) -> Vec<Option<Carving>> {
+        (0..self.model.modules.len())
+            .map(|m| self.slots.pooled(m).and_then(Slot::carving))
             .collect()
     }
 

@@ -8,7 +8,7 @@ use mosaic_engine::measure::{time_block, PieceTime};
 use mosaic_engine::models::zoo::encoder_block;
 use mosaic_engine::Compute;
 
-use crate::commands::engine::{engine, one_process, pin_candle_threads, size_factor};
+use crate::commands::engine::{engine, one_process, set_engine_env, size_factor};
 use crate::input::BadInput;
 
 /// Arguments of `mosaic bench block`.
@@ -42,7 +42,7 @@ pub struct Args {
 /// Runs `mosaic bench block`.
 pub fn run(args: &Args) -> Result<()> {
     one_process("mosaic bench block")?;
-    pin_candle_threads();
+    set_engine_env();
     let (compute, products) = match args.device.as_str() {
         "cuda" => (Compute::Cuda(0), "bf16"),
         _ => (Compute::Cpu, "f32"),

@@ -26,7 +26,7 @@ use mosaic_plan::{solve, Plan, SolveOptions};
 use mosaic_profile::PerfModel;
 use serde_json::json;
 
-use crate::commands::engine::{engine, one_process, pin_candle_threads, size_factor};
+use crate::commands::engine::{engine, one_process, set_engine_env, size_factor};
 use crate::commands::measure::WARMUP;
 use crate::input::BadInput;
 
@@ -76,7 +76,7 @@ struct Row {
 /// Runs `mosaic bench engine`.
 pub fn run(args: &Args) -> Result<()> {
     one_process("mosaic bench engine")?;
-    pin_candle_threads();
+    set_engine_env();
     let cluster =
         mosaic_zoo::cluster(&args.cluster).map_err(|e| BadInput(format!("--cluster: {e}")))?;
     let compute = match args.device.as_str() {

@@ -13,7 +13,7 @@ use mosaic_engine::measure::{Machine, ProfileConfig, Profiler};
 use mosaic_engine::models::Recipe;
 use mosaic_engine::{models, Device};
 
-use super::engine::{engine, one_process, pin_candle_threads, size_factor};
+use super::engine::{engine, one_process, set_engine_env, size_factor};
 
 /// Untimed iterations before the timed ones of every measurement.
 pub(crate) const WARMUP: usize = 2;
@@ -77,7 +77,7 @@ fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
 /// Runs `mosaic measure`.
 pub fn run(args: Args) -> Result<()> {
     one_process("mosaic measure")?;
-    pin_candle_threads();
+    set_engine_env();
     match args {
         Args::Profile(a) => profile::run(&a),
         Args::Colocations(a) => colocations::run(&a),

@@ -12,6 +12,8 @@ use crate::models::grad_op::with_backward;
 const TILE: usize = 64;
 /// Threads a block: the kernels' `THREADS` (four warps).
 const THREADS: u32 = 128;
+/// Most batch × heads a launch takes: a grid's y dimension, a (sample, head) per block row.
+const MAX_HEADS: usize = 65_535;
 /// The head dimensions compiled (`FLASH_KERNELS` in the kernel source).
 const HEAD_DIMS: [usize; 8] = [16, 32, 48, 64, 80, 96, 112, 128];
 
@@ -31,13 +33,15 @@ fn backward_smem(d: usize) -> u32 {
 }
 
 /// Whether the kernels run attention of this `[3, batch, heads, tokens, d]` tensor: bf16 on a
-/// CUDA device, with a head dimension they were compiled for.
+/// CUDA device, with a head dimension they were compiled for and at most [`MAX_HEADS`]
+/// batch × heads.
 pub(crate) fn runs(qkv: &Tensor) -> bool {
     let dims = qkv.dims();
     qkv.device().is_cuda()
         && qkv.dtype() == DType::BF16
         && dims.len() == 5
         && dims[0] == 3
+        && dims[1] * dims[2] <= MAX_HEADS
         && HEAD_DIMS.contains(&dims[4])
 }
 
@@ -78,8 +82,8 @@ fn packed(t: &Tensor) -> Result<Tensor> {
 /// `[batch·heads, tokens, head dim]` of a `[3, batch, heads, tokens, head dim]` shape.
 fn dims(qkv: &Tensor) -> Result<(usize, usize, usize)> {
     let (_, b, h, t, d) = qkv.dims5()?;
-    if b * h > 65_535 {
-        bail!("fused attention: {b} × {h} heads exceed a grid's 65535 blocks")
+    if b * h > MAX_HEADS {
+        bail!("fused attention: {b} × {h} heads exceed a grid's {MAX_HEADS} blocks")
     }
     Ok((b * h, t, d))
 }

@@ -197,7 +197,7 @@ fn open_device(world_rank: usize) -> Result<Arc<CudaContext>, String> {
 impl Nccl {
     /// NCCL on this rank's GPU, over the ranks of `mpi`. Collective: every rank calls it, and
     /// all fail together (so that none waits for the others) when any of them has no CUDA
-    /// driver (12.4 or later, as for the GPU slots), no GPU, or no `libnccl.so`; the error
+    /// driver (12.5 or later, as for the GPU slots), no GPU, or no `libnccl.so`; the error
     /// names the ranks and this rank's reason.
     ///
     /// The engine's compute is on the CPU, so this moves host gradients through the GPU (see

@@ -115,6 +115,11 @@ impl Slot {
         }
     }
 
+    /// How a GPU slot's SMs were carved from its device; `None` for a CPU slot.
+    pub fn carving(&self) -> Option<cuda::Carving> {
+        self.as_gpu().map(GpuSlot::carving)
+    }
+
     /// The GPU slot, if this is one.
     pub fn as_gpu(&self) -> Option<&GpuSlot> {
         match self {

@@ -8,8 +8,9 @@ use cudarc::driver::sys::{
     self, CUcontext, CUdevResource, CUdevResourceType, CUdevice, CUdevice_attribute, CUdeviceptr,
 };
 
-use super::driver::{check, driver, sm_count, DeviceInner, GreenCtx};
+use super::driver::{check, driver, reported_granularity, sm_count, DeviceInner, GreenCtx};
 use super::green::GpuSlot;
+use super::Carving;
 use crate::error::EngineError;
 use mosaic_profile::{partition_sms, SmGranularity};
 
@@ -72,26 +73,6 @@ fn identify(dev: CUdevice, at: &dyn Fn(&str) -> String) -> Result<Identity, Engi
     })
 }
 
-/// How a slot's SMs were carved from its device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Carving {
-    /// Every SM: a module alone on its GPU.
-    Whole,
-    /// One split of the whole device into equal groups (the stage's largest common group
-    /// size), each slot a green context of as many groups as its SMs need. Every group is an
-    /// output of the split, so each is "structured": its SMs are co-scheduled, as thread-block
-    /// clusters need (cuBLAS's GEMMs use them on Hopper). CUDA 13.0's `cuda.h` documents
-    /// `cuDevResourceGenerateDesc` over several SM resources "from the same split API instance".
-    OneSplit,
-    /// One slot split off at a time, smallest first (ties in the stage's order): what is left
-    /// becomes a scaffolding green context whose SMs are split for the next slot. Each later
-    /// split takes its SMs from an earlier split's remainder, which "does not have the same
-    /// functional or performance guarantees as the groups" and whose "future partitions … are
-    /// discouraged" (CUDA 13.0's `cuda.h`, `cuDevSmResourceSplitByCount`). What ran on the
-    /// H100 and the H200; now only where [`Carving::OneSplit`] is refused.
-    InTurn,
-}
-
 /// The order in which [`Carving::InTurn`] splits a stage's slots (`sms` each) off the device:
 /// smallest first, ties in the stage's order, so the last slot, which gets the leftovers, is
 /// the largest. Why: on an H200, a real-size ImageBind stage split in the plan's order (48, 24,
@@ -104,10 +85,13 @@ fn split_order(sms: &[u32]) -> Vec<usize> {
     order
 }
 
-/// [`Carving::OneSplit`]'s group size for a stage's slots (`sms` each) and how many groups each
-/// slot takes: the greatest common divisor of the slots' SMs, if it is a partition the device
-/// grants on its own (at least `min_sms`).
-fn equal_groups(sms: &[u32], min_sms: u32) -> Option<(u32, Vec<u32>)> {
+/// [`Carving::OneSplit`]'s group sizes to try for a stage's slots (`sms` each), largest first:
+/// the greatest common divisor of the slots' SMs, then the smallest of its divisors that the
+/// device grants as a partition (`granularity`), which cuts more groups of the same SMs should
+/// the driver refuse the larger ones (its split "may lead to fewer groups created than purely
+/// dividing the total SM count by the minCount", CUDA 13.0's `cuda.h`). None where no divisor is
+/// granted.
+fn group_sizes(sms: &[u32], granularity: SmGranularity) -> Vec<u32> {
     fn gcd(a: u32, b: u32) -> u32 {
         if b == 0 {
             a
@@ -116,7 +100,18 @@ fn equal_groups(sms: &[u32], min_sms: u32) -> Option<(u32, Vec<u32>)> {
         }
     }
     let unit = sms.iter().copied().fold(0, gcd);
-    (unit > 0 && unit >= min_sms).then(|| (unit, sms.iter().map(|n| n / unit).collect()))
+    let granted: Vec<u32> = (1..=unit)
+        .rev()
+        .filter(|&u| unit.is_multiple_of(u) && granularity.allows(u))
+        .collect();
+    let mut sizes: Vec<u32> = granted
+        .first()
+        .into_iter()
+        .chain(granted.last())
+        .copied()
+        .collect();
+    sizes.dedup();
+    sizes
 }
 
 impl GpuDevice {
@@ -225,6 +220,13 @@ impl GpuDevice {
         self.inner.compute_capability
     }
 
+    /// The partition rule the driver reports for this device's SMs (CUDA 13 drivers; `None`
+    /// from older ones). Reported, not used: slots follow [`GpuDevice::granularity`], the rule
+    /// the planner's profiles use, and `mosaic check gpu` shows both.
+    pub fn reported_granularity(&self) -> Option<SmGranularity> {
+        reported_granularity(&self.inner.whole)
+    }
+
     /// The partition sizes this device allows, by its compute capability.
     pub fn granularity(&self) -> SmGranularity {
         SmGranularity::for_compute_capability(self.inner.compute_capability.0)
@@ -300,16 +302,49 @@ impl GpuDevice {
         }
     }
 
-    /// [`Carving::OneSplit`]: the stage's `sms` (per module) as groups of one split.
+    /// [`Carving::OneSplit`]: the stage's `sms` (per module) as groups of one split, of the
+    /// first of [`group_sizes`] the driver grants.
     fn split_once(
         &self,
         modules: &[(&str, f64)],
         sms: &[u32],
     ) -> Result<Vec<GpuSlot>, EngineError> {
+        let granularity = self.granularity();
+        let mut refusals = Vec::new();
+        for unit in group_sizes(sms, granularity) {
+            match self.split_into(modules, sms, unit) {
+                Ok(slots) => return Ok(slots),
+                Err(e) => refusals.push(e.to_string()),
+            }
+        }
+        Err(EngineError::Cuda {
+            what: format!(
+                "carving {sms:?} SMs in one split (device {})",
+                self.inner.ordinal
+            ),
+            message: if refusals.is_empty() {
+                format!(
+                    "the slots share no group size the device grants (at least {} SMs, a \
+                     multiple of {})",
+                    granularity.min_sms, granularity.step_sms
+                )
+            } else {
+                refusals.join("; ")
+            },
+        })
+    }
+
+    /// The stage's `sms` (per module) as groups of `unit` SMs from one split of the device.
+    fn split_into(
+        &self,
+        modules: &[(&str, f64)],
+        sms: &[u32],
+        unit: u32,
+    ) -> Result<Vec<GpuSlot>, EngineError> {
         let device = &self.inner;
         let at = |what: &str| {
             format!(
-                "{what} carving {sms:?} SMs in one split (device {})",
+                "{what} carving {sms:?} SMs from one split into groups of {unit} (device {})",
                 device.ordinal
             )
         };
@@ -317,13 +352,7 @@ impl GpuDevice {
             what: at(what),
             message,
         };
-        let min = self.granularity().min_sms;
-        let (unit, counts) = equal_groups(sms, min).ok_or_else(|| {
-            refused(
-                "sizing the groups",
-                format!("the slots share no group size of at least {min} SMs"),
-            )
-        })?;
+        let counts: Vec<u32> = sms.iter().map(|n| n / unit).collect();
         let wanted: u32 = counts.iter().sum();
         // SAFETY (zeroed): plain C structs the driver fills.
         let mut groups: Vec<CUdevResource> = vec![unsafe { std::mem::zeroed() }; wanted as usize];
@@ -407,10 +436,14 @@ impl GpuDevice {
                 },
                 || at("cuDevSmResourceSplitByCount"),
             )?;
-            if count != 1 {
+            // The driver may round a count up to its own partition rule.
+            if count != 1 || sm_count(&part) != n {
                 return Err(EngineError::Cuda {
                     what: at("cuDevSmResourceSplitByCount"),
-                    message: "the driver made no group of that size".into(),
+                    message: format!(
+                        "the driver made {count} group(s), of {} SMs",
+                        sm_count(&part)
+                    ),
                 });
             }
             parts[m] = Some(part);
@@ -528,7 +561,8 @@ impl Drop for Scratch<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{equal_groups, split_order};
+    use super::{group_sizes, split_order};
+    use mosaic_profile::SmGranularity;
 
     #[test]
     fn resources_have_the_drivers_stride() {
@@ -541,17 +575,18 @@ mod tests {
     }
 
     #[test]
-    fn one_split_groups_are_the_slots_greatest_common_size() {
+    fn one_split_tries_the_slots_greatest_common_size_then_the_smallest_granted() {
+        let hopper = SmGranularity::for_compute_capability(9);
         // ImageBind's six-way stage on an H100: 16 groups of 8 SMs.
-        assert_eq!(
-            equal_groups(&[48, 24, 32, 8, 8, 8], 8),
-            Some((8, vec![6, 3, 4, 1, 1, 1]))
-        );
-        assert_eq!(equal_groups(&[64, 64], 8), Some((64, vec![1, 1])));
-        assert_eq!(equal_groups(&[96, 32], 8), Some((32, vec![3, 1])));
-        // An A100's 6 + 4 SMs share groups of 2, which it does not grant alone (4 at least).
-        assert_eq!(equal_groups(&[6, 4], 4), None);
-        assert_eq!(equal_groups(&[], 8), None);
+        assert_eq!(group_sizes(&[48, 24, 32, 8, 8, 8], hopper), [8]);
+        assert_eq!(group_sizes(&[64, 64], hopper), [64, 8]);
+        assert_eq!(group_sizes(&[96, 32], hopper), [32, 8]);
+        // An A100 (at least 4 SMs, in steps of 2): 12 + 24 as groups of 12, else of 4.
+        let ampere = SmGranularity::for_compute_capability(8);
+        assert_eq!(group_sizes(&[12, 24], ampere), [12, 4]);
+        // 6 + 4 SMs share groups of 2, which it does not grant alone.
+        assert!(group_sizes(&[6, 4], ampere).is_empty());
+        assert!(group_sizes(&[], hopper).is_empty());
     }
 
     #[test]

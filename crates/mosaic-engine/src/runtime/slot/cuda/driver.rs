@@ -14,9 +14,11 @@ use cudarc::driver::sys::{
 };
 
 use crate::error::EngineError;
+use mosaic_profile::SmGranularity;
 
 /// Driver functions the slots call; all must be present before any is called (cudarc
-/// panics on a missing symbol). The green-context ones need a driver of CUDA 12.4 or later.
+/// panics on a missing symbol). The green-context ones need a driver of CUDA 12.5 or later
+/// (`cuGreenCtxStreamCreate`).
 /// (The GPU build links the driver, so a started process has them all: it reads none.)
 #[cfg_attr(mosaic_gpu, allow(dead_code))]
 const REQUIRED: &[&str] = &[
@@ -48,11 +50,12 @@ const REQUIRED: &[&str] = &[
     "cuGetErrorString",
 ];
 
-/// The first driver version with green contexts (12.4).
-const MIN_DRIVER: i32 = 12040;
+/// The first driver version with everything the slots call (12.5: `cuGreenCtxStreamCreate`;
+/// green contexts themselves came in 12.4).
+const MIN_DRIVER: i32 = 12050;
 
 /// Why green-context slots cannot be used here, or `None` if they can: no CUDA driver library,
-/// a driver older than 12.4 (no green contexts), `cuInit` failing, or no device. Loads and
+/// a driver older than 12.5 (no green-context streams), `cuInit` failing, or no device. Loads and
 /// initialises the driver on first call; never panics.
 pub fn driver_unavailable() -> Option<String> {
     if let Err(why) = driver() {
@@ -86,7 +89,7 @@ pub(super) fn driver() -> &'static Result<(), String> {
         }
         if version < MIN_DRIVER {
             return Err(format!(
-                "the CUDA driver is version {}.{}; green contexts need 12.4 or later",
+                "the CUDA driver is version {}.{}; green-context slots need 12.5 or later",
                 version / 1000,
                 version % 1000 / 10
             ));
@@ -111,7 +114,7 @@ fn library() -> Result<(), String> {
         .find(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
     {
         Some(name) => Err(format!(
-            "the CUDA driver lacks {name} (green contexts need a driver for CUDA 12.4 or later)"
+            "the CUDA driver lacks {name} (green contexts need a driver for CUDA 12.5 or later)"
         )),
         None => Ok(()),
     }
@@ -153,6 +156,18 @@ pub(super) fn check(r: CUresult, what: impl FnOnce() -> String) -> Result<(), En
 pub(super) fn sm_count(r: &CUdevResource) -> u32 {
     // SAFETY: only called on resources of type SM, whose union member is `sm`.
     unsafe { r.__bindgen_anon_1.sm.smCount }
+}
+
+/// The partition rule a CUDA 13 driver reports for an SM resource (`minSmPartitionSize`,
+/// `smCoscheduledAlignment`: the two words after `smCount` in CUDA 13.0's `CUdevSmResource`,
+/// which the bindings this crate builds with, CUDA 12.8's, do not name); `None` where they
+/// read zero, as from an older driver, which leaves the zeroed struct's words as they were.
+pub(super) fn reported_granularity(r: &CUdevResource) -> Option<SmGranularity> {
+    // SAFETY: only called on resources of type SM; the union is 48 plain bytes.
+    let bytes = unsafe { r.__bindgen_anon_1._oversize };
+    let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let (min_sms, step_sms) = (word(4), word(8));
+    (min_sms > 0 && step_sms > 0).then_some(SmGranularity { min_sms, step_sms })
 }
 
 /// An owned green context, destroyed when dropped.
@@ -260,5 +275,39 @@ impl Drop for DeviceInner {
     fn drop(&mut self) {
         // SAFETY: retained in `open`; every slot holds an `Arc` to this, so none is left.
         unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{reported_granularity, sm_count, CUdevResource};
+    use mosaic_profile::SmGranularity;
+
+    /// An SM resource laid out as a CUDA 13 driver fills one: smCount, minSmPartitionSize,
+    /// smCoscheduledAlignment.
+    fn resource(words: [u32; 3]) -> CUdevResource {
+        // SAFETY: a plain C struct; zero is how the slots hand one to the driver.
+        let mut r: CUdevResource = unsafe { std::mem::zeroed() };
+        // SAFETY: writing plain bytes of the union.
+        let bytes = unsafe { &mut r.__bindgen_anon_1._oversize };
+        for (i, w) in words.iter().enumerate() {
+            bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        r
+    }
+
+    #[test]
+    fn the_partition_rule_is_read_where_the_driver_wrote_it() {
+        let h100 = resource([132, 8, 8]);
+        assert_eq!(sm_count(&h100), 132);
+        assert_eq!(
+            reported_granularity(&h100),
+            Some(SmGranularity {
+                min_sms: 8,
+                step_sms: 8
+            })
+        );
+        // A CUDA 12 driver writes smCount alone.
+        assert_eq!(reported_granularity(&resource([132, 0, 0])), None);
     }
 }

@@ -1,6 +1,7 @@
 //! Green-context slots without the `cuda` feature (candle's `dummy_cuda_backend` pattern):
 //! the API the rest of the engine uses, in a build where no GPU slot can exist.
 
+use super::Carving;
 use crate::error::EngineError;
 
 /// Why green-context slots cannot be used here: this build has no CUDA support.
@@ -25,6 +26,11 @@ impl GpuSlot {
 
     /// SMs the driver granted its green context.
     pub fn sms(&self) -> u32 {
+        match *self {}
+    }
+
+    /// How its SMs were carved from the device.
+    pub fn carving(&self) -> Carving {
         match *self {}
     }
 

@@ -13,8 +13,8 @@ use std::thread::ThreadId;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevResource, CUdeviceptr, CUstream, CUstream_flags};
 
-use super::device::Carving;
 use super::driver::{check, sm_count, DeviceInner, GreenCtx};
+use super::Carving;
 use crate::error::EngineError;
 
 /// A green-context slot: the green context holding a module's SMs and a non-blocking stream

@@ -8,6 +8,7 @@
 //!   one quota ↔ SM mapping the planner shares.
 //! - `driver`: loading `libcuda` and checking it ([`driver_unavailable`]), driver errors, owned
 //!   green contexts.
+//! - `carving`: [`Carving`], the ways a stage's SMs are split into slots.
 //! - `device`: `GpuDevice`, a GPU opened for slots, which cuts a stage's slots from its SMs.
 //! - `green`: [`GpuSlot`], a green context and its stream, made current on a thread by
 //!   `GpuSlot::enter`.
@@ -19,7 +20,10 @@
 //! `libcuda` at run time, so it builds without CUDA). Without it, `dummy` stands in: [`GpuSlot`] has no values
 //! and [`driver_unavailable`] says the build has no CUDA, so callers need no `cfg`.
 
+pub use carving::Carving;
 pub use mosaic_profile::{partition_sms, sms_for, SmGranularity};
+
+mod carving;
 
 #[cfg(all(feature = "cuda", mosaic_gpu))]
 mod compute;
@@ -37,7 +41,7 @@ pub use compute::Binding;
 pub(crate) use device::Scratch;
 #[cfg(feature = "cuda")]
 pub use {
-    device::{Carving, GpuDevice},
+    device::GpuDevice,
     driver::driver_unavailable,
     green::{Current, GpuSlot},
     pool::{GpuSlotPool, StageSlots},
