@@ -79,6 +79,10 @@ fn trains_with_a_json_log() {
     assert_eq!(ev[0]["resumed_from"], Value::Null);
     assert_eq!(ev[0]["schedule"]["stages"].as_array().unwrap().len(), 4);
     assert_eq!(ev[0]["modules"][3]["name"], "backbone");
+    // On CPU threads no slot is carved from a GPU: one null per module.
+    let carving = ev[0]["carving"].as_array().unwrap();
+    assert_eq!(carving.len(), ev[0]["modules"].as_array().unwrap().len());
+    assert!(carving.iter().all(Value::is_null));
     let steps = losses(&ev);
     assert_eq!(steps.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
     assert!(
