@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute_enum};
 use candle_core::cuda_backend::cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr,
 };
@@ -101,8 +101,19 @@ struct Loaded {
 
 thread_local! {
     /// Per thread, so that slots launching from their own threads share no lock. Keyed by the
-    /// raw context; the modules hold their context, so a key is never reused by another one.
+    /// context's id, which the driver never gives another context of the process (a context's
+    /// address may be reused once it is destroyed, as a slot's green context is).
     static LOADED: RefCell<Loaded> = RefCell::default();
+}
+
+/// The driver's id of `context`: "unique for the life of the program" (`cuCtxGetId`).
+fn context_id(context: &CudaContext) -> Result<usize> {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: a context handle of a live `CudaContext`; the out pointer is a live local.
+    unsafe { sys::cuCtxGetId(context.cu_ctx(), &mut id) }
+        .result()
+        .w()?;
+    Ok(id as usize)
 }
 
 /// The kernel `name` of `image` on `dev`'s context, allowed `smem` bytes of dynamic shared
@@ -111,7 +122,7 @@ thread_local! {
 /// looked up once. Launch it with the device's stream's `launch_builder`.
 pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<CudaFunction> {
     let context: Arc<CudaContext> = dev.cuda_stream().context().clone();
-    let key = context.cu_ctx() as usize;
+    let key = context_id(&context)?;
     LOADED.with_borrow_mut(|loaded| {
         let known = loaded.kernels.get_mut(&key).and_then(|k| k.get_mut(name));
         if let Some((func, allowed)) = known {
