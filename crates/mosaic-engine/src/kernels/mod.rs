@@ -121,8 +121,9 @@ fn context_id(context: &CudaContext) -> Result<usize> {
 /// launching thread (machine code: no compilation at run time on the build's GPU), the kernel
 /// looked up once. Launch it with the device's stream's `launch_builder`.
 pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<CudaFunction> {
-    let context: Arc<CudaContext> = dev.cuda_stream().context().clone();
-    let key = context_id(&context)?;
+    let stream = dev.cuda_stream();
+    let context = stream.context();
+    let key = context_id(context)?;
     LOADED.with_borrow_mut(|loaded| {
         let known = loaded.kernels.get_mut(&key).and_then(|k| k.get_mut(name));
         if let Some((func, allowed)) = known {
