@@ -219,7 +219,9 @@ fn train(args: &RunArgs) -> Result<()> {
     };
     let cores = available_cores();
     let mut model = load_model(args)?;
-    let lr = args.lr.unwrap_or_else(|| recipe(args).default_lr());
+    let lr = args
+        .lr
+        .unwrap_or_else(|| AdamWConfig::lr_for(&recipe(args)));
     let schedule = schedule(&model, args.plan.as_deref(), world, args.batch, cores)?;
     let producers = attach_feed(args, &mut model, &schedule)?;
     let config = TrainConfig {
