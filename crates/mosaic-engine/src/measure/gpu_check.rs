@@ -857,21 +857,36 @@ mod compute {
         let quotas: Vec<f64> = SIX.iter().map(|m| m.1).collect();
         let asked = device.stage_sms(&quotas)?;
         let granted: Vec<u32> = slots.iter().map(GpuSlot::sms).collect();
+        // What the driver says of each slot's SMs: co-scheduled in groups of how many.
+        let aligned: Vec<String> = (slots.iter())
+            .map(|s| match s.reported_granularity() {
+                Some(g) => g.step_sms.to_string(),
+                None => "?".to_string(),
+            })
+            .collect();
         // SAFETY: the devices are dropped at the end of this function, before the slots.
         let devs = slots
             .iter()
             .map(|s| unsafe { s.candle_device(Binding::Primary) })
             .collect::<Res<Vec<_>>>()?;
+        let carved = format!(
+            "asked {asked:?} SMs, granted {granted:?} (co-scheduled in {})",
+            aligned.join("/")
+        );
         let t = Instant::now();
-        let wrong = at_once(&devs, |i, d| linear_products(d, i).map_err(tensor))?;
+        // A failure is this row's figure, with how the slots were carved.
+        let wrong = match at_once(&devs, |i, d| linear_products(d, i).map_err(tensor)) {
+            Ok(wrong) => wrong,
+            Err(e) => return Ok((false, format!("{carved}; failed: {e}"))),
+        };
         let wall = t.elapsed().as_secs_f64() * 1e3;
         let wrong: usize = wrong.iter().sum();
         Ok((
             granted == asked && wrong == 0,
             format!(
-                "asked {asked:?} SMs, granted {granted:?}; {PRODUCT_ROUNDS} rounds of x·w, dy·wᵀ \
-                 and xᵀ·dy per slot, six threads at once, {wall:.1} ms from the threads' start; \
-                 {wrong} elements not exact (bound 0)"
+                "{carved}; {PRODUCT_ROUNDS} rounds of x·w, dy·wᵀ and xᵀ·dy per slot, six threads \
+                 at once, {wall:.1} ms from the threads' start; {wrong} elements not exact \
+                 (bound 0)"
             ),
         ))
     }

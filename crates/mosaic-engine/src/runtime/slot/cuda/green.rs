@@ -13,9 +13,10 @@ use std::thread::ThreadId;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevResource, CUdeviceptr, CUstream, CUstream_flags};
 
-use super::driver::{check, sm_count, DeviceInner, GreenCtx};
+use super::driver::{check, reported_granularity, sm_count, DeviceInner, GreenCtx};
 use super::Carving;
 use crate::error::EngineError;
+use mosaic_profile::SmGranularity;
 
 /// A green-context slot: the green context holding a module's SMs and a non-blocking stream
 /// in it. Destroyed (stream, then context) when dropped, after the stream's work finishes.
@@ -23,6 +24,7 @@ pub struct GpuSlot {
     module: String,
     quota: f64,
     sms: u32,
+    reported: Option<SmGranularity>,
     carving: Carving,
     context: CUcontext,
     stream: CUstream,
@@ -74,6 +76,7 @@ impl GpuSlot {
             module: module.to_string(),
             quota,
             sms: sm_count(&granted),
+            reported: reported_granularity(&granted),
             carving,
             context: std::ptr::null_mut(),
             stream: std::ptr::null_mut(),
@@ -115,6 +118,14 @@ impl GpuSlot {
     /// SMs the driver granted its green context.
     pub fn sms(&self) -> u32 {
         self.sms
+    }
+
+    /// The partition rule the driver reports for the slot's SMs (CUDA 13 drivers): what a
+    /// further split of them would need, and how many of them are co-scheduled on one GPU
+    /// processing cluster (`smCoscheduledAlignment`), which a slot cut from a split's
+    /// remainder may lack.
+    pub fn reported_granularity(&self) -> Option<SmGranularity> {
+        self.reported
     }
 
     /// How its SMs were carved from the device.
