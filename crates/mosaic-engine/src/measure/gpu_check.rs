@@ -874,10 +874,26 @@ mod compute {
             aligned.join("/")
         );
         let t = Instant::now();
-        // A failure is this row's figure, with how the slots were carved.
+        // A failure is this row's figure, with how the slots were carved and which slots fail
+        // alone too (the carving's fault) or only together (concurrency's).
         let wrong = match at_once(&devs, |i, d| linear_products(d, i).map_err(tensor)) {
             Ok(wrong) => wrong,
-            Err(e) => return Ok((false, format!("{carved}; failed: {e}"))),
+            Err(e) => {
+                let alone: Vec<String> = (devs.iter().enumerate())
+                    .map(|(i, d)| match linear_products(d, i) {
+                        Ok(0) => "ok".to_string(),
+                        Ok(n) => format!("{n} wrong"),
+                        Err(e) => format!("failed ({e})"),
+                    })
+                    .collect();
+                return Ok((
+                    false,
+                    format!(
+                        "{carved}; at once: {e}; then each alone: {}",
+                        alone.join(", ")
+                    ),
+                ));
+            }
         };
         let wall = t.elapsed().as_secs_f64() * 1e3;
         let wrong: usize = wrong.iter().sum();
