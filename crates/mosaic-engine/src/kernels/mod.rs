@@ -137,8 +137,8 @@ pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<
             Some(module) => module.clone(),
             None => {
                 // A heap copy: `include_bytes!` promises no alignment, a fatbin's header has
-                // 8-byte fields (nvcc aligns its fatbins to 8), and the system allocator returns blocks this
-                // large 16-byte aligned.
+                // 8-byte fields (nvcc aligns its fatbins to 8), and the system allocator
+                // returns blocks this large 16-byte aligned.
                 let module = context
                     .load_module(Ptx::from_binary(image.fatbin.to_vec()))
                     .w()?;
