@@ -9,6 +9,7 @@
 //! a module alone on its GPU. The engine's slot of a quota gets [`sms_for`] it, and the
 //! modules of a stage, which run at the same time, get disjoint SMs by [`partition_sms`].
 
+use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,17 @@ pub struct SmGranularity {
     pub min_sms: u32,
     /// A partition's SM count is a multiple of this.
     pub step_sms: u32,
+}
+
+/// The rule in words: `at least 8 SMs, multiples of 8`.
+impl fmt::Display for SmGranularity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "at least {} SMs, multiples of {}",
+            self.min_sms, self.step_sms
+        )
+    }
 }
 
 impl SmGranularity {
@@ -204,6 +216,7 @@ mod tests {
             );
         }
         assert!(HOPPER.allows(16) && !HOPPER.allows(12) && !HOPPER.allows(0));
+        assert_eq!(HOPPER.to_string(), "at least 8 SMs, multiples of 8");
         assert!(AMPERE.allows(6) && !AMPERE.allows(2) && !AMPERE.allows(7));
         assert_eq!(HOPPER.largest_within(132), Some(128));
         assert_eq!(AMPERE.largest_within(7), Some(6));

@@ -111,11 +111,8 @@ mod on_device {
             Err(e) => return out.push(GpuCheck::new("driver", Outcome::Fail, e.to_string())),
         };
         let (major, minor) = device.compute_capability();
-        let rule = |g: crate::runtime::slot::cuda::SmGranularity| {
-            format!("at least {} SMs, multiples of {}", g.min_sms, g.step_sms)
-        };
         let reported = match device.reported_granularity() {
-            Some(g) => format!("the driver reports {}", rule(g)),
+            Some(g) => format!("the driver reports {g}"),
             None => "the driver reports none".to_string(),
         };
         out.push(GpuCheck::new(
@@ -126,7 +123,7 @@ mod on_device {
                  {} by the guideline, {reported}",
                 device.name(),
                 device.sms(),
-                rule(device.granularity()),
+                device.granularity(),
             ),
         ));
         out.push(slots(&device));

@@ -323,11 +323,7 @@ impl GpuDevice {
                 self.inner.ordinal
             ),
             message: if refusals.is_empty() {
-                format!(
-                    "the slots share no group size the device grants (at least {} SMs, a \
-                     multiple of {})",
-                    granularity.min_sms, granularity.step_sms
-                )
+                format!("the slots share no group size the device grants ({granularity})")
             } else {
                 refusals.join("; ")
             },
