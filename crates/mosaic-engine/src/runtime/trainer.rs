@@ -35,7 +35,7 @@ use candle_core::{Device, Tensor, Var};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::collective::buffers::{decode, encode, flatten, unflatten};
+use super::collective::buffers::{bucket, decode, encode, unbucket};
 use super::collective::{Collective, InProcess};
 use super::optim::{AdamW, AdamWConfig};
 use super::schedule::{Placement, Schedule};
@@ -44,6 +44,7 @@ use super::slot::{run_in_slots, Job, Slot, SlotMode, SlotPool};
 use crate::error::EngineError;
 use crate::models::data::Batch;
 use crate::models::model::{shards, Coupling, Input, Model, Output, Shard};
+use crate::models::nn::to_f32s;
 
 /// Settings of a training run.
 #[derive(Debug, Clone, PartialEq)]
@@ -375,13 +376,12 @@ impl Trainer {
                 .iter()
                 .map(|(_, v)| v.as_detached_tensor())
                 .collect();
-            let mut buf = if grads[m].is_empty() {
-                vec![0f32; like.iter().map(Tensor::elem_count).sum()]
-            } else {
-                flatten(&grads[m]).map_err(err())?
-            };
-            self.collective.broadcast(self.groups[m][0], &mut buf)?;
-            grads[m] = unflatten(&buf, &like).map_err(err())?;
+            if grads[m].is_empty() {
+                grads[m] = (like.iter().map(Tensor::zeros_like))
+                    .collect::<candle_core::Result<_>>()
+                    .map_err(err())?;
+            }
+            grads[m] = self.broadcast_tensors(self.groups[m][0], &grads[m], module.name)?;
         }
         let mut out = Vec::new();
         for (m, g) in self.model.modules.iter().zip(grads) {
@@ -725,11 +725,11 @@ impl Trainer {
                 *a = (&*a + t).map_err(err())?;
             }
         }
-        if self.groups[m].len() > 1 {
-            // One bucket per module: a single all-reduce of every parameter's gradient.
-            let mut bucket = flatten(&params).map_err(err())?;
-            self.collective.all_reduce_module(m, &mut bucket)?;
-            params = unflatten(&bucket, &params).map_err(err())?;
+        if self.groups[m].len() > 1 && !params.is_empty() {
+            // One bucket per module: a single all-reduce of every parameter's gradient, on the
+            // module's device (a GPU's memory, with NCCL).
+            let sum = (self.collective).all_reduce_bucket(m, &bucket(&params).map_err(err())?)?;
+            params = unbucket(&sum, &params).map_err(err())?;
         }
         Ok(Some(params))
     }
@@ -784,6 +784,28 @@ impl Trainer {
         Tensor::from_vec(data, dims, &Device::Cpu).map_err(EngineError::tensor("sum"))
     }
 
+    /// Rank `root`'s `tensors` on every rank (each rank passes tensors of the same shapes, on
+    /// the device they come back on), through the host: a collective call.
+    fn broadcast_tensors(
+        &self,
+        root: usize,
+        tensors: &[Tensor],
+        module: &str,
+    ) -> Result<Vec<Tensor>, EngineError> {
+        let err = || EngineError::tensor(module);
+        let Some(first) = tensors.first() else {
+            return Ok(Vec::new());
+        };
+        let mut buf = to_f32s(&bucket(tensors).map_err(err())?).map_err(err())?;
+        self.collective.broadcast(root, &mut buf)?;
+        let got = Tensor::from_vec(
+            buf,
+            tensors.iter().map(Tensor::elem_count).sum::<usize>(),
+            first.device(),
+        );
+        unbucket(&got.map_err(err())?, tensors).map_err(err())
+    }
+
     /// Gives every rank the parameters and optimizer state of the modules it holds no replica
     /// of, from the lowest rank that does; a collective call (every rank calls it). Before a
     /// checkpoint, so that rank 0 writes every module's current state.
@@ -802,9 +824,10 @@ impl Trainer {
                 .map(|(_, v)| v.as_detached_tensor())
                 .collect();
             let share = |tensors: &[Tensor]| -> Result<Vec<Tensor>, EngineError> {
-                let mut buf = flatten(tensors).map_err(err())?;
-                self.collective.broadcast(root, &mut buf)?;
-                unflatten(&buf, tensors).map_err(err())
+                // Copies: the optimizer updates its state tensors in place, each on its own.
+                (self.broadcast_tensors(root, tensors, module.name)?.iter())
+                    .map(|t| t.copy().map_err(err()))
+                    .collect()
             };
             for ((_, var), p) in module.params.iter().zip(share(&params)?) {
                 var.set(&p).map_err(err())?;

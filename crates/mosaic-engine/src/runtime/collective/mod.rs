@@ -12,8 +12,8 @@
 //!
 //! [`InProcess`] is the one-rank case (every call is the identity); `Mpi` (feature `mpi`) runs
 //! the ranks as processes started by `mpirun`; `Nccl` (features `mpi` and `cuda`) wraps an
-//! `Mpi` and sums gradients with NCCL on each rank's GPU (compile-checked only: the compute is
-//! on the CPU, so it moves host gradients through the GPU).
+//! `Mpi` and sums gradients with NCCL on each rank's GPU, where the GPU build computed them
+//! (not yet run on two GPUs).
 //!
 //! Gradient semantics: each replica computes the gradient of *its share* of the batch loss
 //! (the loss is a mean over the whole batch, and a replica's share is the sum of its samples'
@@ -35,7 +35,10 @@ mod nccl;
 #[cfg(all(feature = "mpi", feature = "cuda"))]
 pub use self::nccl::Nccl;
 
+use candle_core::Tensor;
+
 use crate::error::EngineError;
+use crate::models::nn::to_f32s;
 
 /// How the ranks of a run exchange data. Every rank calls [`Collective::all_gather`] and
 /// [`Collective::broadcast`] in the same order, from the trainer's thread;
@@ -59,12 +62,32 @@ pub trait Collective: Send + Sync {
     /// receives the sum in `buf`.
     fn all_reduce_module(&self, module: usize, buf: &mut [f32]) -> Result<(), EngineError>;
 
+    /// [`Collective::all_reduce_module`] of a gradient bucket (a flat f32 tensor,
+    /// [`buffers::bucket`]): the sum, on the bucket's device. This one moves it through the
+    /// host; `Nccl` sums a bucket on a GPU where it is.
+    fn all_reduce_bucket(&self, module: usize, bucket: &Tensor) -> Result<Tensor, EngineError> {
+        all_reduce_through_host(self, module, bucket)
+    }
+
     /// Every rank contributes `local` (lengths may differ) and receives every rank's
     /// contribution, in rank order.
     fn all_gather(&self, local: &[f32]) -> Result<Vec<Vec<f32>>, EngineError>;
 
     /// Every rank receives rank `root`'s `buf` in its own `buf` (of the same length).
     fn broadcast(&self, root: usize, buf: &mut [f32]) -> Result<(), EngineError>;
+}
+
+/// [`Collective::all_reduce_bucket`] through the host: the bucket copied out, summed by
+/// [`Collective::all_reduce_module`], copied back to its device.
+fn all_reduce_through_host<C: Collective + ?Sized>(
+    collective: &C,
+    module: usize,
+    bucket: &Tensor,
+) -> Result<Tensor, EngineError> {
+    let err = || EngineError::tensor("gradient bucket");
+    let mut host = to_f32s(bucket).map_err(err())?;
+    collective.all_reduce_module(module, &mut host)?;
+    Tensor::from_vec(host, bucket.elem_count(), bucket.device()).map_err(err())
 }
 
 /// One rank holding every replica: nothing crosses a process, every call is the identity.

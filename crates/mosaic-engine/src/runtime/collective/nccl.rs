@@ -1,14 +1,12 @@
 //! Gradient all-reduces through NCCL, on GPUs, for ranks started by `mpirun` (features `mpi`
 //! and `cuda`).
 //!
-//! **What this is for.** The engine's module compute runs on the CPU: candle cannot yet bind
-//! its CUDA device to our green-context streams (`CudaDevice::from_context_and_stream` is
-//! private in candle 0.11.1; upstream PR #3777 would expose it), and candle's `cuda` feature
-//! needs nvcc to build. So today [`Nccl`] copies each module's host gradients to the rank's
-//! GPU, sums them there with NCCL and copies the sum back: correct, but no faster than
-//! [`Mpi`]'s host all-reduce. It is the collective for when module compute moves to the GPU
-//! and the gradients are already there. It is compile-checked only: the machine it was
-//! written on has no GPU, no CUDA driver and no NCCL.
+//! **What this is for.** With `--device cuda` (the GPU build), a module's gradients are in its
+//! slot's GPU memory: one bucket per module ([`super::buffers::bucket`]) is summed there, by
+//! NCCL on the module's communicator, without a copy through the host ([`DeviceSum`]). With
+//! the compute on CPU threads, the host gradients go through the GPU (host → device, NCCL
+//! sum, device → host): correct, no faster than [`Mpi`]'s host all-reduce. Neither has run on
+//! two GPUs yet: no machine with two has been lent to this project.
 //!
 //! **How.** MPI starts the ranks and hands out the NCCL unique ids: for every module group of
 //! two or more ranks, the group's lowest rank creates an id and its 128 bytes are broadcast
@@ -23,7 +21,10 @@
 //! orders; whether that happens with this engine's schedules has not been tried on GPUs.
 
 use std::ffi::c_char;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[cfg(mosaic_gpu)]
+use candle_core::Tensor;
 
 use cudarc::driver::{CudaContext, CudaSlice};
 use cudarc::nccl::{Comm, Id, ReduceOp};
@@ -55,10 +56,8 @@ const ID_BYTES: usize = 128;
 /// [`Collective::create_groups`]; gathers and broadcasts of host tensors through the wrapped
 /// [`Mpi`].
 ///
-/// The engine's compute is on the CPU (candle cannot yet bind its CUDA device to our streams,
-/// PR #3777), so [`Collective::all_reduce_module`] moves the host gradients through the GPU:
-/// host → device, NCCL sum, device → host. This is the collective for when module compute
-/// moves to the GPU; it has only been compile-checked (no GPU where it was written).
+/// A bucket on a GPU is summed where it lies ([`Collective::all_reduce_bucket`]); host
+/// gradients go through the GPU ([`Collective::all_reduce_module`]). Not yet run on two GPUs.
 ///
 /// A rank uses the GPU of its local rank (`OMPI_COMM_WORLD_LOCAL_RANK`, else the world rank);
 /// a node needs a GPU per rank. Chosen with `mpirun … mosaic train --collective nccl`.
@@ -199,9 +198,6 @@ impl Nccl {
     /// all fail together (so that none waits for the others) when any of them has no CUDA
     /// driver (12.5 or later, as for the GPU slots), no GPU, or no `libnccl.so`; the error
     /// names the ranks and this rank's reason.
-    ///
-    /// The engine's compute is on the CPU, so this moves host gradients through the GPU (see
-    /// the type's documentation); compile-checked only.
     pub fn new(mpi: Mpi) -> Result<Nccl, EngineError> {
         let rank = mpi.rank();
         let opened = open_device(rank);
@@ -223,6 +219,77 @@ impl Nccl {
                 mpi,
             }),
         }
+    }
+}
+
+impl Nccl {
+    /// This rank's communicator for `module`, locked; `None` where the rank is the group's
+    /// only one (the sum is its own buffer).
+    fn shared(&self, module: usize) -> Result<Option<MutexGuard<'_, ModuleComm>>, EngineError> {
+        let rank = self.rank();
+        match self.modules.get(module) {
+            None | Some(Group::Outside) => Err(nccl(format!(
+                "rank {rank} has no group for module {module}: not one of its ranks, or \
+                 create_groups was not called"
+            ))),
+            Some(Group::Alone) => Ok(None),
+            Some(Group::Shared(comm)) => comm.lock().map(Some).map_err(|_| {
+                nccl(format!(
+                    "module {module}: an earlier all-reduce panicked on rank {rank}"
+                ))
+            }),
+        }
+    }
+
+    /// The error of a failed all-reduce of `module`'s gradients on this rank.
+    fn failed(&self, module: usize, why: String) -> EngineError {
+        nccl(format!("module {module} on rank {}: {why}", self.rank()))
+    }
+}
+
+/// A gradient bucket (f32, contiguous, on a slot's CUDA device) summed over a communicator's
+/// ranks in GPU memory, as a candle op: NCCL's all-reduce on the communicator's stream, after
+/// the work queued on the bucket's stream (the backward pass that wrote the gradients), and
+/// before the work queued there next (the optimizer that reads the sum; the bucket's free).
+#[cfg(mosaic_gpu)]
+struct DeviceSum<'a>(&'a Comm);
+
+#[cfg(mosaic_gpu)]
+impl candle_core::CustomOp1 for DeviceSum<'_> {
+    fn name(&self) -> &'static str {
+        "nccl_all_reduce"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("the NCCL all-reduce sums buckets on a GPU only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        bucket: &candle_core::CudaStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::WrapErr;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("a gradient bucket is contiguous, this one is not")
+        };
+        let dev = bucket.device().clone();
+        let (slot, comm) = (dev.cuda_stream(), self.0.stream());
+        let send = bucket.as_cuda_slice::<f32>()?.slice(start..end);
+        // SAFETY: the all-reduce writes every element before anything reads it.
+        let mut sum = unsafe { dev.alloc::<f32>(end - start) }?;
+        // Slots track no events, so the streams are ordered here, both ways.
+        comm.join(&slot).w()?;
+        (self.0.all_reduce(&send, &mut sum, &ReduceOp::Sum))
+            .map_err(|e| candle_core::Error::Msg(format!("ncclAllReduce: {:?}", e.0)))?;
+        slot.join(&comm).w()?;
+        let sum = candle_core::CudaStorage::wrap_cuda_slice(sum, dev);
+        Ok((sum, layout.shape().clone()))
     }
 }
 
@@ -346,23 +413,23 @@ impl Collective for Nccl {
     }
 
     fn all_reduce_module(&self, module: usize, buf: &mut [f32]) -> Result<(), EngineError> {
-        let rank = self.rank();
-        match self.modules.get(module) {
-            None | Some(Group::Outside) => Err(nccl(format!(
-                "rank {rank} has no group for module {module}: not one of its ranks, or \
-                 create_groups was not called"
-            ))),
-            Some(Group::Alone) => Ok(()),
-            Some(Group::Shared(comm)) => comm
-                .lock()
-                .map_err(|_| {
-                    nccl(format!(
-                        "module {module}: an earlier all-reduce panicked on rank {rank}"
-                    ))
-                })?
-                .all_reduce(buf)
-                .map_err(|e| nccl(format!("module {module} on rank {rank}: {e}"))),
+        let Some(mut comm) = self.shared(module)? else {
+            return Ok(());
+        };
+        (comm.all_reduce(buf)).map_err(|e| self.failed(module, e))
+    }
+
+    /// On a GPU, the bucket is summed where it lies ([`DeviceSum`]): no copy through the host.
+    #[cfg(mosaic_gpu)]
+    fn all_reduce_bucket(&self, module: usize, bucket: &Tensor) -> Result<Tensor, EngineError> {
+        if !bucket.device().is_cuda() {
+            return super::all_reduce_through_host(self, module, bucket);
         }
+        let Some(comm) = self.shared(module)? else {
+            return Ok(bucket.clone());
+        };
+        (bucket.apply_op1_no_bwd(&DeviceSum(&comm.comm)))
+            .map_err(|e| self.failed(module, e.to_string()))
     }
 
     fn all_gather(&self, local: &[f32]) -> Result<Vec<Vec<f32>>, EngineError> {
