@@ -23,6 +23,8 @@
 //! and forth, and it keeps the gradient that crosses a module boundary the true ∂loss/∂x.
 
 pub(crate) mod buffers;
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+pub(crate) mod device_sum;
 #[cfg(feature = "mpi")]
 mod mpi;
 

@@ -3,7 +3,7 @@
 //!
 //! **What this is for.** With `--device cuda` (the GPU build), a module's gradients are in its
 //! slot's GPU memory: one bucket per module ([`super::buffers::bucket`]) is summed there, by
-//! NCCL on the module's communicator, without a copy through the host ([`DeviceSum`]). With
+//! NCCL on the module's communicator, without a copy through the host (`device_sum.rs`). With
 //! the compute on CPU threads, the host gradients go through the GPU (host → device, NCCL
 //! sum, device → host): correct, no faster than [`Mpi`]'s host all-reduce. Neither has run on
 //! two GPUs yet: no machine with two has been lent to this project.
@@ -247,52 +247,6 @@ impl Nccl {
     }
 }
 
-/// A gradient bucket (f32, contiguous, on a slot's CUDA device) summed over a communicator's
-/// ranks in GPU memory, as a candle op: NCCL's all-reduce on the communicator's stream, after
-/// the work queued on the bucket's stream (the backward pass that wrote the gradients), and
-/// before the work queued there next (the optimizer that reads the sum; the bucket's free).
-#[cfg(mosaic_gpu)]
-struct DeviceSum<'a>(&'a Comm);
-
-#[cfg(mosaic_gpu)]
-impl candle_core::CustomOp1 for DeviceSum<'_> {
-    fn name(&self) -> &'static str {
-        "nccl_all_reduce"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        candle_core::bail!("the NCCL all-reduce sums buckets on a GPU only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        bucket: &candle_core::CudaStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::WrapErr;
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("a gradient bucket is contiguous, this one is not")
-        };
-        let dev = bucket.device().clone();
-        let (slot, comm) = (dev.cuda_stream(), self.0.stream());
-        let send = bucket.as_cuda_slice::<f32>()?.slice(start..end);
-        // SAFETY: the all-reduce writes every element before anything reads it.
-        let mut sum = unsafe { dev.alloc::<f32>(end - start) }?;
-        // Slots track no events, so the streams are ordered here, both ways.
-        comm.join(&slot).w()?;
-        (self.0.all_reduce(&send, &mut sum, &ReduceOp::Sum))
-            .map_err(|e| candle_core::Error::Msg(format!("ncclAllReduce: {:?}", e.0)))?;
-        slot.join(&comm).w()?;
-        let sum = candle_core::CudaStorage::wrap_cuda_slice(sum, dev);
-        Ok((sum, layout.shape().clone()))
-    }
-}
-
 impl ModuleComm {
     /// Sums `buf` over the communicator's ranks through the device buffer, on its stream.
     fn all_reduce(&mut self, buf: &mut [f32]) -> Result<(), String> {
@@ -419,7 +373,7 @@ impl Collective for Nccl {
         (comm.all_reduce(buf)).map_err(|e| self.failed(module, e))
     }
 
-    /// On a GPU, the bucket is summed where it lies ([`DeviceSum`]): no copy through the host.
+    /// On a GPU, the bucket is summed where it lies ([`super::device_sum`]): no copy through the host.
     #[cfg(mosaic_gpu)]
     fn all_reduce_bucket(&self, module: usize, bucket: &Tensor) -> Result<Tensor, EngineError> {
         if !bucket.device().is_cuda() {
@@ -428,7 +382,7 @@ impl Collective for Nccl {
         let Some(comm) = self.shared(module)? else {
             return Ok(bucket.clone());
         };
-        (bucket.apply_op1_no_bwd(&DeviceSum(&comm.comm)))
+        super::device_sum::sum_on_device(&comm.comm, bucket)
             .map_err(|e| self.failed(module, e.to_string()))
     }
 
