@@ -267,7 +267,6 @@ mod compute {
         out.push(outcome("co-location", || colocation(device)));
         out.push(outcome("profile sweep", || sweep(device)));
         out.push(outcome("measured colocations", || colocations(device)));
-        out.push(outcome("NCCL bucket (one rank)", || nccl_bucket(device)));
         // A faulting kernel ends the CUDA context, and every check after it. The fused
         // attention kernels have passed the CPU emulation only; the six-way stage split in turn
         // failed in cuBLAS on the H200, whether leaving the context usable or not is unknown:
@@ -286,6 +285,9 @@ mod compute {
                 Err(e) => GpuCheck::new(&name, Outcome::Fail, e.to_string()),
             });
         }
+        // Last: NCCL's start-up opens a bootstrap socket, the one step here that could wait
+        // on something other than the GPU.
+        out.push(outcome("NCCL bucket (one rank)", || nccl_bucket(device)));
     }
 
     /// The fused attention kernels against composed attention, and both timed
