@@ -4,6 +4,7 @@
 //! still does not fit is refused with [`EngineError::DeviceMemory`] (exit code 2).
 
 use crate::error::EngineError;
+use crate::models::model::Module;
 use crate::models::Model;
 
 /// Fails, saying by how much, when the model's parameters, gradients and AdamW moments alone
@@ -51,10 +52,11 @@ pub(crate) fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineErr
 /// Runs `trial_step` (one step's forward and backward passes on the GPU, nothing updated) so
 /// that a plan whose activations do not fit fails before step 1, naming the module and what to
 /// change, instead of in the middle of training; `ranks` processes train, `batch` samples a
-/// step, on CUDA device `ordinal`. When the step runs out of memory, every
-/// module that can turns activation recomputation on ([`crate::models::recompute`]; a frozen
-/// one then holds one block's activations at a time in its forward pass too) and the step is
-/// tried again; returns the modules that recompute.
+/// step, on CUDA device `ordinal`. While the step runs out of memory, activation
+/// recomputation ([`crate::models::recompute`]; a frozen module then holds one block's
+/// activations at a time in its forward pass too) is turned on for one more module that can,
+/// the one that ran out first, and the step is tried again: recomputing costs a module one
+/// more forward pass, so only the modules that must. Returns the modules that recompute.
 pub(crate) fn fit_or_recompute(
     model: &Model,
     ranks: usize,
@@ -62,27 +64,36 @@ pub(crate) fn fit_or_recompute(
     ordinal: usize,
     trial_step: impl Fn() -> Result<(), EngineError>,
 ) -> Result<Vec<&'static str>, EngineError> {
-    let first = match trial_step() {
+    let mut e = match trial_step() {
         Err(e) if e.is_out_of_memory() => e,
         other => return other.map(|_| Vec::new()),
     };
+    let mut recomputing = Vec::new();
     // Another rank may be waiting in a collective of the failed step, which a second try
     // would answer out of order: with several ranks the run stops (and mpirun stops them all).
-    let recomputing: Vec<&'static str> = (model.modules.iter())
-        .filter(|m| ranks == 1 && m.net.set_recompute(true))
-        .map(|m| m.name)
-        .collect();
-    let e = if recomputing.is_empty() {
-        first
+    let mut untried: Vec<&Module> = if ranks == 1 {
+        model.modules.iter().collect()
     } else {
+        Vec::new()
+    };
+    while !untried.is_empty() {
+        // The module that ran out, else the next in the model's order.
+        let at = (untried.iter())
+            .position(|m| failed_module(&e) == Some(m.name))
+            .unwrap_or(0);
+        let module = untried.remove(at);
+        if !module.net.set_recompute(true) {
+            continue;
+        }
+        recomputing.push(module.name);
         match trial_step() {
-            Err(e) if e.is_out_of_memory() => e,
+            Err(again) if again.is_out_of_memory() => e = again,
             other => return other.map(|_| recomputing),
         }
-    };
-    let module = match &e {
-        EngineError::Tensor { module, .. } => format!("module \"{module}\""),
-        _ => "a module".to_string(),
+    }
+    let module = match failed_module(&e) {
+        Some(module) => format!("module \"{module}\""),
+        None => "a module".to_string(),
     };
     let recomputed = if recomputing.is_empty() {
         String::new()
@@ -104,6 +115,14 @@ pub(crate) fn fit_or_recompute(
     })
 }
 
+/// The module a step's error names, if it names one.
+fn failed_module(e: &EngineError) -> Option<&str> {
+    match e {
+        EngineError::Tensor { module, .. } => Some(module),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -114,17 +133,32 @@ mod tests {
     use crate::models::model::{shards, Net, Shard};
     use candle_core::Device;
 
-    /// A net that runs out of GPU memory (as candle reports it) unless it recomputes, or
-    /// always.
+    /// When a net runs out of GPU memory.
+    #[derive(Debug, Clone, Copy)]
+    enum Need {
+        /// Never: it fits.
+        Never,
+        /// Unless it recomputes.
+        UnlessRecomputing,
+        /// Always.
+        Always,
+    }
+
+    /// A net that runs out of GPU memory (as candle reports it) as `need` says.
     struct Tight {
         inner: Box<dyn Net>,
         recomputing: AtomicBool,
-        always: bool,
+        need: Need,
     }
 
     impl Net for Tight {
         fn forward(&self, inputs: &[Tensor], shard: &Shard) -> candle_core::Result<Tensor> {
-            if self.always || !self.recomputing.load(Relaxed) {
+            let out = match self.need {
+                Need::Never => false,
+                Need::UnlessRecomputing => !self.recomputing.load(Relaxed),
+                Need::Always => true,
+            };
+            if out {
                 return Err(candle_core::Error::Cuda(
                     "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
                 ));
@@ -147,38 +181,46 @@ mod tests {
         }
     }
 
-    /// clip-tiny with its vision tower `Tight`, and a trial step that runs it forward.
-    fn trial(always: bool) -> (Model, impl Fn(&Model) -> Result<(), EngineError>) {
+    /// clip-tiny with its vision and text towers `Tight` as `vision` and `text` say, and a
+    /// trial step that runs them forward, vision first.
+    fn trial(vision: Need, text: Need) -> (Model, impl Fn(&Model) -> Result<(), EngineError>) {
         let mut model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
-        let vision = &mut model.modules[0];
-        let inner = std::mem::replace(&mut vision.net, Box::new(Nothing));
-        vision.net = Box::new(Tight {
-            inner,
-            recomputing: AtomicBool::new(false),
-            always,
-        });
-        let image = model.data.batch(0, 4, &Device::Cpu).unwrap().tensors["image"].clone();
+        for (module, need) in model.modules.iter_mut().zip([vision, text]) {
+            let inner = std::mem::replace(&mut module.net, Box::new(Nothing));
+            module.net = Box::new(Tight {
+                inner,
+                recomputing: AtomicBool::new(false),
+                need,
+            });
+        }
+        let batch = model.data.batch(0, 4, &Device::Cpu).unwrap().tensors;
+        let inputs = [
+            vec![batch["image"].clone()],
+            vec![batch["text"].clone(), batch["text_len"].clone()],
+        ];
         let step = move |m: &Model| {
-            let forward = m.modules[0]
-                .net
-                .forward(std::slice::from_ref(&image), &shards(4, 1)[0]);
-            forward.map(drop).map_err(EngineError::tensor("vision"))
+            for (module, inputs) in m.modules.iter().zip(&inputs) {
+                (module.net.forward(inputs, &shards(4, 1)[0]))
+                    .map_err(EngineError::tensor(module.name))?;
+            }
+            Ok(())
         };
         (model, step)
     }
 
     #[test]
     fn a_step_that_runs_out_of_memory_recomputes_or_names_the_module() {
-        let (model, step) = trial(false);
+        use Need::*;
+        let (model, step) = trial(UnlessRecomputing, Never);
         let fits = fit_or_recompute(&model, 1, 4, 0, || step(&model)).unwrap();
-        assert_eq!(fits, ["vision"], "the net that can recompute does");
-        let (model, step) = trial(false);
+        assert_eq!(fits, ["vision"], "the net that must recompute does");
+        let (model, step) = trial(UnlessRecomputing, Never);
         let e = fit_or_recompute(&model, 2, 4, 0, || step(&model)).unwrap_err();
         assert!(
             e.to_string().contains("module \"vision\""),
             "two ranks never retry: {e}"
         );
-        let (model, step) = trial(true);
+        let (model, step) = trial(Always, Never);
         let e = fit_or_recompute(&model, 1, 16, 3, || step(&model)).unwrap_err();
         assert!(e.is_bad_input() && e.is_out_of_memory(), "{e}");
         let text = e.to_string();
@@ -187,8 +229,26 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("even with vision recomputing") && text.contains("--batch"),
+            text.contains("even with vision, text recomputing") && text.contains("--batch"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn only_the_modules_that_run_out_recompute_the_one_that_ran_out_first() {
+        use Need::*;
+        // Text runs out (vision fits): text alone recomputes, though vision comes first.
+        let (model, step) = trial(Never, UnlessRecomputing);
+        let fits = fit_or_recompute(&model, 1, 4, 0, || step(&model)).unwrap();
+        assert_eq!(fits, ["text"]);
+        // Both run out: vision (which runs first) recomputes, then text.
+        let (model, step) = trial(UnlessRecomputing, UnlessRecomputing);
+        let fits = fit_or_recompute(&model, 1, 4, 0, || step(&model)).unwrap();
+        assert_eq!(fits, ["vision", "text"]);
+        // A step that fits recomputes nothing.
+        let (model, step) = trial(Never, Never);
+        assert!(fit_or_recompute(&model, 1, 4, 0, || step(&model))
+            .unwrap()
+            .is_empty());
     }
 }
