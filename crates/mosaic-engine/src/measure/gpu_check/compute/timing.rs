@@ -1,0 +1,202 @@
+//! Timings on slots: SM confinement, two slots overlapping, and ImageBind's six-way stage
+//! running products at once.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{slot, tensor, Res};
+use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
+
+/// `n` bf16 matmuls of 4096² on `dev`, timed to the stream's end, in ms.
+fn matmuls(dev: &Device, n: usize) -> Res<f64> {
+    let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
+    let b =
+        (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3).map_err(tensor)?;
+    let _warm = a.matmul(&b).map_err(tensor)?;
+    dev.synchronize().map_err(tensor)?;
+    let t = Instant::now();
+    for _ in 0..n {
+        let _ = a.matmul(&b).map_err(tensor)?;
+    }
+    dev.synchronize().map_err(tensor)?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Matmuls per timing: 4096³ × 2 × 40 = 5.5 TFLOP, ~8 ms on a whole H100.
+const MATMULS: usize = 40;
+
+/// The same matmuls on 16 SMs and on 128: the 16-SM slot must be at least 3× slower (an
+/// H100 ran CLIP's vision tower 5.7× slower on 16 SMs than on 132), or its kernels ran
+/// outside its SMs.
+pub(super) fn confinement(device: &GpuDevice) -> Res<(bool, String)> {
+    let sms = device.sms() as f64;
+    let small = slot(device, "small", 16.0 / sms)?;
+    let large = slot(device, "large", 128.0 / sms)?;
+    let time = |s: &GpuSlot| -> Res<f64> {
+        // SAFETY: dropped at the end of this closure, before the slot, on this thread.
+        let dev = unsafe { s.candle_device(Binding::Primary)? };
+        matmuls(&dev, MATMULS)
+    };
+    let (t_small, t_large) = (time(&small)?, time(&large)?);
+    let ratio = t_small / t_large;
+    Ok((
+        ratio >= 3.0,
+        format!(
+            "{MATMULS} bf16 4096³ matmuls: {t_small:.1} ms on {} SMs, {t_large:.1} ms on {} \
+             SMs: {ratio:.2}× (bound ≥ 3)",
+            small.sms(),
+            large.sms()
+        ),
+    ))
+}
+
+/// Two 64-SM slots of one stage, each running the matmuls from its own thread at once,
+/// against each alone: they overlap if together they take under 0.8 of the two alone
+/// (an H100 ran two such GEMM loops in 67 ms together, 53 ms each alone).
+pub(super) fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
+    let slots = device.create_stage(&[("a", 0.5), ("b", 0.5)])?;
+    // SAFETY: the devices are dropped at the end of this function, before the slots.
+    let devs = slots
+        .iter()
+        .map(|s| unsafe { s.candle_device(Binding::Primary) })
+        .collect::<Res<Vec<_>>>()?;
+    let alone = devs
+        .iter()
+        .map(|d| matmuls(d, MATMULS))
+        .collect::<Res<Vec<_>>>()?;
+    let t = Instant::now();
+    let together = at_once(&devs, |_, d| matmuls(d, MATMULS))?;
+    let wall = t.elapsed().as_secs_f64() * 1e3;
+    let sum: f64 = alone.iter().sum();
+    Ok((
+        wall < 0.8 * sum,
+        format!(
+            "{} + {} SMs: together {wall:.1} ms (each {:.1}, {:.1}), alone {:.1} + {:.1} = \
+             {sum:.1} ms: {:.2} of the sum (bound < 0.8)",
+            slots[0].sms(),
+            slots[1].sms(),
+            together[0],
+            together[1],
+            alone[0],
+            alone[1],
+            wall / sum
+        ),
+    ))
+}
+
+/// `f(i, device)` for every device, each from its own thread, all at once; a thread's
+/// panic goes on in the caller.
+fn at_once<T: Send>(devs: &[Device], f: impl Fn(usize, &Device) -> Res<T> + Sync) -> Res<Vec<T>> {
+    std::thread::scope(|scope| {
+        let f = &f;
+        let runs: Vec<_> = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| scope.spawn(move || f(i, d)))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// ImageBind's stage of six encoders on an H100 or H200, in SMs of 132 (as quotas): the
+/// plan whose last 8-SM slot's cuBLAS call failed on an H200, its slots split in turn in
+/// the plan's order.
+pub(super) const SIX: [(&str, f64); 6] = [
+    ("vision", 48.0 / 132.0),
+    ("text", 24.0 / 132.0),
+    ("audio", 32.0 / 132.0),
+    ("depth", 8.0 / 132.0),
+    ("thermal", 8.0 / 132.0),
+    ("imu", 8.0 / 132.0),
+];
+
+/// [`SIX`]'s `slots`, each running a linear layer's products from its own thread, all at
+/// once: every slot must hold the SMs asked and every product be exact (the operands are
+/// chosen so that bf16 holds every result exactly).
+pub(super) fn six_slots(device: &GpuDevice, slots: &[GpuSlot]) -> Res<(bool, String)> {
+    let quotas: Vec<f64> = SIX.iter().map(|m| m.1).collect();
+    let asked = device.stage_sms(&quotas)?;
+    let granted: Vec<u32> = slots.iter().map(GpuSlot::sms).collect();
+    // What the driver says of each slot's SMs: co-scheduled in groups of how many.
+    let aligned: Vec<String> = (slots.iter())
+        .map(|s| match s.reported_granularity() {
+            Some(g) => g.step_sms.to_string(),
+            None => "?".to_string(),
+        })
+        .collect();
+    // SAFETY: the devices are dropped at the end of this function, before the slots.
+    let devs = slots
+        .iter()
+        .map(|s| unsafe { s.candle_device(Binding::Primary) })
+        .collect::<Res<Vec<_>>>()?;
+    let carved = format!(
+        "asked {asked:?} SMs, granted {granted:?} (co-scheduled in {})",
+        aligned.join("/")
+    );
+    let t = Instant::now();
+    // A failure is this row's figure, with how the slots were carved and which slots fail
+    // alone too (the carving's fault) or only together (concurrency's).
+    let wrong = match at_once(&devs, |i, d| linear_products(d, i).map_err(tensor)) {
+        Ok(wrong) => wrong,
+        Err(e) => {
+            let alone: Vec<String> = (devs.iter().enumerate())
+                .map(|(i, d)| match linear_products(d, i) {
+                    Ok(0) => "ok".to_string(),
+                    Ok(n) => format!("{n} wrong"),
+                    Err(e) => format!("failed ({e})"),
+                })
+                .collect();
+            return Ok((
+                false,
+                format!(
+                    "{carved}; at once: {e}; then each alone: {}",
+                    alone.join(", ")
+                ),
+            ));
+        }
+    };
+    let wall = t.elapsed().as_secs_f64() * 1e3;
+    let wrong: usize = wrong.iter().sum();
+    Ok((
+        granted == asked && wrong == 0,
+        format!(
+            "{carved}; {PRODUCT_ROUNDS} rounds of x·w, dy·wᵀ and xᵀ·dy per slot, six threads \
+             at once, {wall:.1} ms from the threads' start; {wrong} elements not exact \
+             (bound 0)"
+        ),
+    ))
+}
+
+/// Rounds of [`linear_products`].
+const PRODUCT_ROUNDS: usize = 10;
+
+/// A linear layer's forward and backward products in bf16 on `dev` (y = x·w, dx = dy·wᵀ,
+/// dw = xᵀ·dy), shapes varying with `i`, [`PRODUCT_ROUNDS`] times: how many elements of all
+/// rounds' results differ from their exact values (constant operands, so every element is
+/// k·0.5, n·0.125 or rows·0.25, each exact in bf16, and every partial sum exact in f32).
+fn linear_products(dev: &Device, i: usize) -> candle_core::Result<usize> {
+    let (rows, k, n) = (1024 + 256 * i, 512 + 128 * i, 1536);
+    let full = |v: f32, shape: (usize, usize)| Tensor::full(v, shape, dev)?.to_dtype(DType::BF16);
+    let (x, w, dy) = (
+        full(1.0, (rows, k))?,
+        full(0.5, (k, n))?,
+        full(0.25, (rows, n))?,
+    );
+    let mut results = Vec::new();
+    for _ in 0..PRODUCT_ROUNDS {
+        results.push((x.matmul(&w)?, k as f32 * 0.5));
+        results.push((dy.matmul(&w.t()?)?, n as f32 * 0.125));
+        results.push((x.t()?.matmul(&dy)?, rows as f32 * 0.25));
+    }
+    dev.synchronize()?;
+    let mut wrong = 0;
+    for (t, want) in results {
+        let got: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        // NaN compares unequal, so a garbage result counts.
+        wrong += got.iter().filter(|&&g| g != want).count();
+    }
+    Ok(wrong)
+}
