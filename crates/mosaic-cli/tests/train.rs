@@ -274,6 +274,23 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
         assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["prediction_error"].is_null(), "{r}");
         assert_eq!(r["plan_from"], "zoo", "{r}");
+        // Each stage of shared modules against the same modules one after another.
+        let shared = r["shared_stages"].as_array().expect("shared_stages");
+        assert!(!shared.is_empty(), "the zoo's plans co-locate the encoders: {r}");
+        for stage in shared {
+            let modules = stage["modules"].as_array().unwrap();
+            assert!(modules.len() >= 2, "{stage}");
+            assert!(stage["colocated_ms"].as_f64().unwrap() > 0.0, "{stage}");
+            let alone: f64 = modules.iter().map(|m| m["alone_ms"].as_f64().unwrap()).sum();
+            let one_by_one = stage["one_by_one_ms"].as_f64().unwrap();
+            assert!((alone - one_by_one).abs() <= 1e-9 * one_by_one, "{stage}");
+            for m in modules {
+                let name = m["name"].as_str().unwrap();
+                let at = format!("{name}@{:.2}", m["sm"].as_f64().unwrap());
+                assert!(r["plan"].as_str().unwrap().contains(&at), "{at} in {r}");
+                assert!(m["slot_ms"].as_f64().unwrap() > 0.0, "{stage}");
+            }
+        }
     }
     // Planned from the modules measured alone here first: the prediction is about this CPU,
     // so its error is printed at any size.

@@ -3,7 +3,9 @@
 //! trains by the Mosaic plan for one GPU and by every module alone on the whole device one
 //! after another (Megatron-LM's schedule; DistMM's whole-GPU stages are the same schedule on
 //! one GPU), at each per-GPU batch; it prints the measured step times, the speed-up and the
-//! planner's prediction error for the plan it ran.
+//! planner's prediction error for the plan it ran, then, for each stage of the plan whose
+//! modules share the device, that stage against its modules one after another and each
+//! module's slowdown in its slot beside its share of the SMs: where co-location pays and why.
 //!
 //! The plan comes from the zoo's profile of the model (the calibrated device model of
 //! `--cluster`'s device, per-GPU batch as its batch), so its prediction is about the model at
@@ -13,6 +15,7 @@
 //! plan is made from what this engine does here and its error, printed at any size and on
 //! either device, is the planner's own: what co-location costs beyond its interference model.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -20,10 +23,11 @@ use mosaic_engine::measure::{
     available_cores, measure_machine, profile_file, sweep_gpu, ProfileConfig, Profiler,
 };
 use mosaic_engine::models::{self, Model, Recipe};
-use mosaic_engine::{Compute, Device, Schedule, TrainConfig, Trainer};
+use mosaic_engine::{Compute, Device, Schedule, StepReport, TrainConfig, Trainer};
 use mosaic_kit::stats::median;
 use mosaic_plan::{solve, Plan, SolveOptions};
 use mosaic_profile::PerfModel;
+use serde::Serialize;
 use serde_json::json;
 
 use crate::commands::engine::{engine, one_process, set_engine_env, size_factor};
@@ -71,6 +75,44 @@ struct Row {
     predicted_ms: f64,
     mosaic_ms: f64,
     sequential_ms: f64,
+    /// The plan's stages of more than one module, each against its modules one after another.
+    shared: Vec<SharedStage>,
+}
+
+/// A stage of the Mosaic plan whose modules share the device, against the same modules one
+/// after another on the whole device: where co-location pays and where it loses.
+#[derive(Serialize)]
+struct SharedStage {
+    /// The stage's time (forward and backward phases), its modules co-located, in ms.
+    colocated_ms: f64,
+    /// Its modules' times alone on the whole device, summed, in ms.
+    one_by_one_ms: f64,
+    /// Its modules.
+    modules: Vec<SharedModule>,
+}
+
+/// A module of a [`SharedStage`]: its time in its slot against its time alone. Slowed down
+/// less than `1 / sm`, it left SMs idle alone (what co-location recovers); more, its share
+/// of the SMs starved it (memory traffic, launches) or its neighbours slowed it.
+#[derive(Serialize)]
+struct SharedModule {
+    name: String,
+    /// Its SM quota in the stage.
+    sm: f64,
+    /// Forward plus backward pass in its slot, in ms.
+    slot_ms: f64,
+    /// Forward plus backward pass alone on the whole device, in ms.
+    alone_ms: f64,
+}
+
+/// Medians over the timed steps of one schedule, in ms.
+struct Timed {
+    /// The step.
+    step_ms: f64,
+    /// Each stage: its forward and backward phases.
+    stages: Vec<f64>,
+    /// Each module by name: its forward plus backward pass (its slowest replica).
+    modules: BTreeMap<String, f64>,
 }
 
 /// Runs `mosaic bench engine`.
@@ -165,14 +207,14 @@ fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<Plan> {
     solve(&perf, 1, &SolveOptions::default()).with_context(|| format!("planning {name} on one GPU"))
 }
 
-/// Median step time of `schedule`, in ms.
+/// Medians over `steps` timed steps of `schedule`, after two warm-up steps.
 fn time(
     model: Model,
     schedule: Schedule,
     batch: usize,
     steps: usize,
     compute: Compute,
-) -> Result<f64> {
+) -> Result<Timed> {
     let config = TrainConfig {
         batch,
         compute,
@@ -182,10 +224,64 @@ fn time(
     for _ in 0..2 {
         trainer.step().map_err(engine)?;
     }
-    let times = (0..steps)
-        .map(|_| trainer.step().map(|r| r.step_ms).map_err(engine))
-        .collect::<Result<Vec<f64>>>()?;
-    Ok(median(&times).expect("at least one timed step"))
+    let reports = (0..steps)
+        .map(|_| trainer.step().map_err(engine))
+        .collect::<Result<Vec<StepReport>>>()?;
+    Ok(medians(&reports))
+}
+
+/// The medians of `reports` (at least one, every one of the same schedule).
+fn medians(reports: &[StepReport]) -> Timed {
+    let of = |xs: Vec<f64>| median(&xs).expect("at least one timed step");
+    let stages = (0..reports[0].stages.len())
+        .map(|k| {
+            of(reports
+                .iter()
+                .map(|r| r.stages[k].forward_ms + r.stages[k].backward_ms)
+                .collect())
+        })
+        .collect();
+    let mut per_step: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in reports {
+        let mut slowest: BTreeMap<&str, f64> = BTreeMap::new();
+        for m in r.stages.iter().flat_map(|s| &s.modules) {
+            let t = slowest.entry(&m.name).or_insert(0.0);
+            *t = t.max(m.forward_ms + m.backward_ms);
+        }
+        for (name, t) in slowest {
+            per_step.entry(name.to_string()).or_default().push(t);
+        }
+    }
+    Timed {
+        step_ms: of(reports.iter().map(|r| r.step_ms).collect()),
+        stages,
+        modules: per_step.into_iter().map(|(n, ts)| (n, of(ts))).collect(),
+    }
+}
+
+/// The stages of `schedule` with more than one module, from their times by it (`by_plan`)
+/// and their modules' times one after another (`alone`).
+fn shared_stages(schedule: &Schedule, by_plan: &Timed, alone: &Timed) -> Vec<SharedStage> {
+    let alone_ms = |name: &str| alone.modules.get(name).copied().unwrap_or(f64::NAN);
+    (schedule.stages.iter().zip(&by_plan.stages))
+        .filter(|(stage, _)| stage.len() > 1)
+        .map(|(stage, &colocated_ms)| {
+            let modules: Vec<SharedModule> = stage
+                .iter()
+                .map(|p| SharedModule {
+                    name: p.name.clone(),
+                    sm: p.assignment.sm,
+                    slot_ms: by_plan.modules.get(&p.name).copied().unwrap_or(f64::NAN),
+                    alone_ms: alone_ms(&p.name),
+                })
+                .collect();
+            SharedStage {
+                colocated_ms,
+                one_by_one_ms: modules.iter().map(|m| m.alone_ms).sum(),
+                modules,
+            }
+        })
+        .collect()
 }
 
 fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute) -> Result<Row> {
@@ -201,17 +297,19 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
     let mosaic = Schedule::from_plan(plan, Path::new("(the Mosaic plan)"), &model, batch, cores)
         .map_err(engine)?;
     let described = mosaic.describe_with(|p| format!("{:.2}", p.assignment.sm));
-    let mosaic_ms = time(model, mosaic, batch, args.steps, compute)?;
+    let stages = mosaic.clone();
+    let by_plan = time(model, mosaic, batch, args.steps, compute)?;
     let model = build()?;
     let sequential = Schedule::sequential(&model, cores);
-    let sequential_ms = time(model, sequential, batch, args.steps, compute)?;
+    let alone = time(model, sequential, batch, args.steps, compute)?;
     Ok(Row {
         model: name.to_string(),
         batch,
         plan: described,
         predicted_ms: plan.iteration_ms,
-        mosaic_ms,
-        sequential_ms,
+        mosaic_ms: by_plan.step_ms,
+        sequential_ms: alone.step_ms,
+        shared: shared_stages(&stages, &by_plan, &alone),
     })
 }
 
@@ -225,6 +323,7 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             "sequential_ms": row.sequential_ms, "speedup": row.sequential_ms / row.mosaic_ms,
             "plan_from": args.plan_from,
             "prediction_error": error,
+            "shared_stages": row.shared,
         });
         println!("{}", serde_json::to_string(&line)?);
     } else {
@@ -240,6 +339,27 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             error,
             row.plan
         );
+        for stage in &row.shared {
+            println!("{}", describe_stage(stage));
+        }
     }
     Ok(())
+}
+
+/// One line for a shared stage: its time co-located against one after another, then each
+/// module's time in its slot over its time alone, beside 1/quota (that ratio were the module's
+/// time to scale with its SMs).
+fn describe_stage(stage: &SharedStage) -> String {
+    let modules: Vec<String> = (stage.modules.iter())
+        .map(|m| format!("{} {:.2} ({:.2})", m.name, m.slot_ms / m.alone_ms, 1.0 / m.sm))
+        .collect();
+    format!(
+        "    a stage of {}: {:.2} ms co-located, {:.2} one after another ({:.2}×); in its slot \
+         over alone (1/quota): {}",
+        stage.modules.len(),
+        stage.colocated_ms,
+        stage.one_by_one_ms,
+        stage.one_by_one_ms / stage.colocated_ms,
+        modules.join(", ")
+    )
 }
