@@ -276,12 +276,18 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
         assert_eq!(r["plan_from"], "zoo", "{r}");
         // Each stage of shared modules against the same modules one after another.
         let shared = r["shared_stages"].as_array().expect("shared_stages");
-        assert!(!shared.is_empty(), "the zoo's plans co-locate the encoders: {r}");
+        assert!(
+            !shared.is_empty(),
+            "the zoo's plans co-locate the encoders: {r}"
+        );
         for stage in shared {
             let modules = stage["modules"].as_array().unwrap();
             assert!(modules.len() >= 2, "{stage}");
             assert!(stage["colocated_ms"].as_f64().unwrap() > 0.0, "{stage}");
-            let alone: f64 = modules.iter().map(|m| m["alone_ms"].as_f64().unwrap()).sum();
+            let alone: f64 = modules
+                .iter()
+                .map(|m| m["alone_ms"].as_f64().unwrap())
+                .sum();
             let one_by_one = stage["one_by_one_ms"].as_f64().unwrap();
             assert!((alone - one_by_one).abs() <= 1e-9 * one_by_one, "{stage}");
             for m in modules {

@@ -351,7 +351,14 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
 /// time to scale with its SMs).
 fn describe_stage(stage: &SharedStage) -> String {
     let modules: Vec<String> = (stage.modules.iter())
-        .map(|m| format!("{} {:.2} ({:.2})", m.name, m.slot_ms / m.alone_ms, 1.0 / m.sm))
+        .map(|m| {
+            format!(
+                "{} {:.2} ({:.2})",
+                m.name,
+                m.slot_ms / m.alone_ms,
+                1.0 / m.sm
+            )
+        })
         .collect();
     format!(
         "    a stage of {}: {:.2} ms co-located, {:.2} one after another ({:.2}×); in its slot \
