@@ -92,7 +92,7 @@ fn fits_in_memory(block: &EncoderBlock, batch: usize) -> std::result::Result<(),
 
 /// `f` with a candle device on every SM of CUDA device `ordinal`.
 #[cfg(all(feature = "cuda", mosaic_gpu))]
-fn on_gpu<T>(
+pub(super) fn on_gpu<T>(
     ordinal: usize,
     f: impl FnOnce(&Device) -> std::result::Result<T, EngineError>,
 ) -> std::result::Result<T, EngineError> {
@@ -108,7 +108,7 @@ fn on_gpu<T>(
 
 /// The error of a build without GPU compute.
 #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
-fn on_gpu<T>(
+pub(super) fn on_gpu<T>(
     ordinal: usize,
     _f: impl FnOnce(&Device) -> std::result::Result<T, EngineError>,
 ) -> std::result::Result<T, EngineError> {

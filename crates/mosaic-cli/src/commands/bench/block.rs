@@ -1,10 +1,12 @@
 //! `mosaic bench block`: where a transformer block's step goes. One block of a zoo encoder at
 //! its real shape on the device present, and each piece of it alone — norm, projections,
 //! attention (fused where the device has the kernels, and composed), MLP — timed forward and
-//! forward + backward, with the products' throughput and each piece's share of the block.
+//! forward + backward, with the products' throughput and each piece's share of the block. On
+//! a GPU, last, what launching costs: the block's forward pass launched op by op against the
+//! same pass replayed from a CUDA graph.
 
 use anyhow::Result;
-use mosaic_engine::measure::{time_block, PieceTime};
+use mosaic_engine::measure::{launch_cost, time_block, LaunchCost, PieceTime};
 use mosaic_engine::models::zoo::encoder_block;
 use mosaic_engine::Compute;
 
@@ -60,25 +62,54 @@ pub fn run(args: &Args) -> Result<()> {
             line["tflops"] = serde_json::json!(p.tflops());
             println!("{line}");
         }
-        return Ok(());
+    } else {
+        println!(
+            "{} {} block at batch {}: {} tokens{}, width {}, heads {}, MLP {}; {} products on \
+             {}; medians of {} runs",
+            args.model,
+            args.module,
+            args.batch,
+            block.tokens,
+            if block.causal { " (causal)" } else { "" },
+            block.dims.dim,
+            block.dims.heads,
+            block.dims.mlp,
+            products,
+            args.device,
+            args.reps
+        );
+        print!("{}", table(&pieces));
     }
-    println!(
-        "{} {} block at batch {}: {} tokens{}, width {}, heads {}, MLP {}; {} products on \
-         {}; medians of {} runs",
-        args.model,
-        args.module,
-        args.batch,
-        block.tokens,
-        if block.causal { " (causal)" } else { "" },
-        block.dims.dim,
-        block.dims.heads,
-        block.dims.mlp,
-        products,
-        args.device,
-        args.reps
-    );
-    print!("{}", table(&pieces));
+    // On a GPU, last (the pieces already printed), the launch cost; a capture that fails is
+    // reported, not fatal: it says what capturing a module's step would have to get past.
+    if let Compute::Cuda(ordinal) = compute {
+        let cost = launch_cost(&block, args.batch, ordinal, args.reps);
+        match (cost, args.json) {
+            (Ok(c), true) => println!("{}", serde_json::json!({ "launch": c })),
+            (Ok(c), false) => println!("{}", launch_line(&c)),
+            (Err(e), true) => println!("{}", serde_json::json!({ "launch_error": e.to_string() })),
+            (Err(e), false) => {
+                println!("launches: the block's forward was not replayed from a CUDA graph: {e}")
+            }
+        }
+    }
     Ok(())
+}
+
+/// What launching op by op costs the block's forward pass, in one line.
+fn launch_line(c: &LaunchCost) -> String {
+    format!(
+        "launches: the block's forward {:.3} ms launched op by op (the host {:.3} ms of it), \
+         {:.3} ms replayed from a CUDA graph of {} nodes: launching costs {:.3} ms ({:.0} %); \
+         the replay matches to {:.1e}",
+        c.eager_ms,
+        c.eager_host_ms,
+        c.graph_ms,
+        c.nodes,
+        c.launch_ms(),
+        100.0 * c.launch_ms() / c.eager_ms,
+        c.replay_error
+    )
 }
 
 /// The pieces as a table: times, share of the block's forward + backward, throughput.

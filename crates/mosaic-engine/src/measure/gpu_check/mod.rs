@@ -13,9 +13,11 @@
 //! same bf16 matmuls on 16 SMs and on 128); and co-location (two 64-SM slots launched from two
 //! threads at once against each alone); a small GPU profile sweep and colocations (`mosaic
 //! measure profile|colocations --device cuda`); the fused attention kernels against composed
-//! attention, both timed (`models::flash::check`); and last ImageBind's six-way stage carved
-//! each way (`Carving`), its six slots running products at once. The block and the training steps
-//! run through the engine's LayerNorm, GELU and bias kernels (`kernels/elementwise.cu`).
+//! attention, both timed (`models::flash::check`); ImageBind's six-way stage carved each way
+//! (`Carving`), its six slots running products at once; a block's forward pass replayed from a
+//! CUDA graph against launched op by op (`measure::launch_cost`); and last a gradient bucket
+//! summed by a one-rank NCCL communicator. The block and the training steps run through the
+//! engine's LayerNorm, GELU and bias kernels (`kernels/elementwise.cu`).
 
 use serde::Serialize;
 

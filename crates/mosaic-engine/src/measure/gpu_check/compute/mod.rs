@@ -15,7 +15,7 @@ use adamw::adamw;
 use nccl::nccl_bucket;
 use ops::{attention, ops};
 use sweeps::{colocations, sweep};
-use timing::{colocation, confinement, six_slots, SIX};
+use timing::{colocation, confinement, launch, six_slots, SIX};
 use training::{train, BF16_BOUNDS, F32_BOUNDS};
 
 type Res<T> = Result<T, EngineError>;
@@ -81,6 +81,8 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
             Err(e) => GpuCheck::new(&name, Outcome::Fail, e.to_string()),
         });
     }
+    // A stream capture that goes wrong may leave the context unusable: after the rest.
+    out.push(outcome("CUDA graph (a block's forward)", || launch(device)));
     // Last: NCCL's start-up opens a bootstrap socket, the one step here that could wait
     // on something other than the GPU.
     out.push(outcome("NCCL bucket (one rank)", || nccl_bucket(device)));

@@ -1,5 +1,5 @@
-//! Timings on slots: SM confinement, two slots overlapping, and ImageBind's six-way stage
-//! running products at once.
+//! Timings on slots: SM confinement, two slots overlapping, ImageBind's six-way stage
+//! running products at once, and what launching costs a block.
 
 use std::time::Instant;
 
@@ -199,4 +199,25 @@ fn linear_products(dev: &Device, i: usize) -> candle_core::Result<usize> {
         wrong += got.iter().filter(|&&g| g != want).count();
     }
     Ok(wrong)
+}
+
+/// CLIP's text block at batch 2 (real size), its forward pass launched op by op against
+/// replayed from a CUDA graph ([`crate::measure::launch_cost`]): the replay must give the same
+/// output (the same kernels on the same inputs; bound 1e-2 for bf16 all the same).
+pub(super) fn launch(device: &GpuDevice) -> Res<(bool, String)> {
+    let block = crate::models::zoo::encoder_block("clip", "text", 1.0).map_err(|message| {
+        crate::EngineError::BadSetting {
+            setting: "check".into(),
+            message,
+        }
+    })?;
+    let c = crate::measure::launch_cost(&block, 2, device.ordinal(), 5)?;
+    Ok((
+        c.replay_error < 1e-2,
+        format!(
+            "clip text block at batch 2: forward {:.3} ms op by op (host {:.3} ms), {:.3} ms \
+             from a graph of {} nodes; replay error {:.1e} (bound 1e-2)",
+            c.eager_ms, c.eager_host_ms, c.graph_ms, c.nodes, c.replay_error
+        ),
+    ))
 }
