@@ -370,3 +370,112 @@ fn describe_stage(stage: &SharedStage) -> String {
         modules.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use mosaic_engine::runtime::trainer::{ModuleTiming, StageReport};
+    use mosaic_engine::Placement;
+    use mosaic_plan::Assignment;
+
+    use super::*;
+
+    /// A step whose stages hold `(module, forward ms, backward ms)`, `step_ms` long.
+    fn step(step_ms: f64, stages: &[&[(&str, f64, f64)]]) -> StepReport {
+        let stages = (stages.iter())
+            .map(|modules| StageReport {
+                forward_ms: modules.iter().map(|m| m.1).fold(0.0, f64::max),
+                backward_ms: modules.iter().map(|m| m.2).fold(0.0, f64::max),
+                forward_launch_ms: 0.0,
+                backward_launch_ms: 0.0,
+                modules: (modules.iter())
+                    .map(|&(name, forward_ms, backward_ms)| ModuleTiming {
+                        name: name.to_string(),
+                        forward_ms,
+                        backward_ms,
+                        forward_host_ms: 0.0,
+                        backward_host_ms: 0.0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        StepReport {
+            step: 1,
+            loss: 0.0,
+            step_ms,
+            stages,
+        }
+    }
+
+    fn placed(module: usize, name: &str, sm: f64) -> Placement {
+        Placement {
+            assignment: Assignment {
+                module,
+                dp: 1,
+                sm,
+                gpus: vec![0],
+            },
+            name: name.to_string(),
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn medians_take_each_stage_and_each_modules_slowest_replica() {
+        let reports = [
+            step(
+                10.0,
+                &[&[("a", 1.0, 2.0), ("a", 2.0, 2.0)], &[("b", 1.0, 1.0)]],
+            ),
+            step(30.0, &[&[("a", 3.0, 3.0)], &[("b", 2.0, 1.0)]]),
+            step(20.0, &[&[("a", 5.0, 5.0)], &[("b", 1.0, 1.0)]]),
+        ];
+        let t = medians(&reports);
+        assert_eq!(t.step_ms, 20.0);
+        // Stage 0: 2 + 2, 3 + 3, 5 + 5; stage 1: 2, 3, 2.
+        assert_eq!(t.stages, [6.0, 2.0]);
+        // a's slowest replica: 4, 6, 10.
+        assert_eq!(t.modules["a"], 6.0);
+        assert_eq!(t.modules["b"], 2.0);
+    }
+
+    #[test]
+    fn a_shared_stage_is_held_against_its_modules_one_after_another() {
+        let schedule = Schedule {
+            source: "test".into(),
+            cores: 1,
+            pool: 1,
+            stages: vec![
+                vec![placed(0, "vision", 0.75), placed(1, "text", 0.25)],
+                vec![placed(2, "align", 1.0)],
+            ],
+        };
+        let by_plan = medians(&[step(
+            12.0,
+            &[
+                &[("vision", 4.0, 5.0), ("text", 3.0, 7.0)],
+                &[("align", 1.0, 1.0)],
+            ],
+        )]);
+        let alone = medians(&[step(
+            20.0,
+            &[
+                &[("vision", 3.0, 4.0)],
+                &[("text", 2.0, 3.0)],
+                &[("align", 1.0, 1.0)],
+            ],
+        )]);
+        let shared = shared_stages(&schedule, &by_plan, &alone);
+        assert_eq!(shared.len(), 1, "align alone in its stage is not shared");
+        let s = &shared[0];
+        assert_eq!((s.colocated_ms, s.one_by_one_ms), (4.0 + 7.0, 7.0 + 5.0));
+        let slot_alone: Vec<(f64, f64)> =
+            s.modules.iter().map(|m| (m.slot_ms, m.alone_ms)).collect();
+        assert_eq!(slot_alone, [(9.0, 7.0), (10.0, 5.0)]);
+        let line = describe_stage(s);
+        assert!(
+            line.contains("11.00 ms co-located, 12.00 one after another (1.09×)")
+                && line.contains("vision 1.29 (1.33), text 2.00 (4.00)"),
+            "{line}"
+        );
+    }
+}
