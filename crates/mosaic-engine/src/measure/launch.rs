@@ -1,7 +1,8 @@
-//! What launching costs a block (issue 11, item 2): a zoo encoder block's forward pass on a
-//! whole GPU, launched op by op as the trainer does, against the same pass captured once as
-//! a CUDA graph and replayed, so that the host launches nothing but the graph. The gap is the
-//! launch cost that capturing a module's step would take off its critical path.
+//! What launching costs a block (issue 11, item 2): a zoo encoder block's forward pass, or
+//! its whole step (forward, and backward from Σ y), on a whole GPU, launched op by op as the
+//! trainer does, against the same pass captured once as a CUDA graph and replayed, so that the
+//! host launches nothing but the graph. The gap is the launch cost that capturing a module's
+//! step would take off its critical path.
 //!
 //! candle uploads the shape of every non-contiguous operand from the host, which stream
 //! capture refuses; under `CudaDevice::enable_cuda_graph_htod_cache` (candle 0.11.1) a
@@ -9,18 +10,40 @@
 //! The passes launched op by op are timed without it, as the trainer runs.
 //! Allocations made while capturing become the graph's own memory nodes; the graph is
 //! instantiated to free them before each replay (`AUTO_FREE_ON_LAUNCH`), so the captured
-//! output keeps its address and holds each replay's result.
+//! result keeps its address and holds each replay's values.
 
 use serde::Serialize;
 
 use crate::error::EngineError;
 use crate::models::zoo::EncoderBlock;
 
-/// A block's forward pass launched op by op and replayed from a CUDA graph.
+/// Which pass of a block is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    /// The forward pass; its output is checked.
+    Forward,
+    /// The forward pass and the backward pass from Σ y; the first parameter's gradient is
+    /// checked.
+    Step,
+}
+
+impl Pass {
+    /// What the pass is, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::Step => "forward + backward",
+        }
+    }
+}
+
+/// A block's pass launched op by op and replayed from a CUDA graph.
 #[derive(Debug, Clone, Serialize)]
 pub struct LaunchCost {
-    /// Median forward pass launched op by op, from a synchronised device to a synchronised
-    /// device, ms.
+    /// The pass.
+    pub pass: Pass,
+    /// Median pass launched op by op, from a synchronised device to a synchronised device, ms.
     pub eager_ms: f64,
     /// Of it, the host's time until the last op was launched, ms.
     pub eager_host_ms: f64,
@@ -30,8 +53,8 @@ pub struct LaunchCost {
     /// Nodes of the graph (kernels, copies, memory allocations and frees): the launches one
     /// replay stands for.
     pub nodes: usize,
-    /// Largest difference between the last replay's output and the same pass launched op by
-    /// op, relative to the output's largest magnitude.
+    /// Largest difference between the last replay's result and the same pass launched op by
+    /// op, relative to the result's largest magnitude.
     pub replay_error: f32,
 }
 
@@ -42,16 +65,18 @@ impl LaunchCost {
     }
 }
 
-/// [`LaunchCost`] of `block` at per-GPU batch `batch` in bf16 on every SM of CUDA device
-/// `ordinal`, medians of `reps` runs after one.
+/// [`LaunchCost`] of `block`'s `pass` at per-GPU batch `batch` in bf16 on every SM of CUDA
+/// device `ordinal`, medians of `reps` runs after one.
 pub fn launch_cost(
     block: &EncoderBlock,
     batch: usize,
+    pass: Pass,
     ordinal: usize,
     reps: usize,
 ) -> Result<LaunchCost, EngineError> {
     super::block::on_gpu(ordinal, |dev| {
-        on_device::measure(dev, block, batch, reps).map_err(EngineError::tensor("bench block"))
+        on_device::measure(dev, block, batch, pass, reps)
+            .map_err(EngineError::tensor("bench block"))
     })
 }
 
@@ -59,13 +84,14 @@ pub fn launch_cost(
 mod on_device {
     use std::time::Instant;
 
+    use candle_core::backend::BackendDevice;
     use candle_core::cuda_backend::cudarc::driver::sys;
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{bail, DType, Device, Result, Tensor};
+    use candle_core::{bail, CudaDevice, DType, Device, Error, Result, Tensor};
     use mosaic_kit::rng::SplitMix64;
     use mosaic_kit::stats::{median, relative_error};
 
-    use super::LaunchCost;
+    use super::{LaunchCost, Pass};
     use crate::models::nn::{to_f32s, Block, ParamBuilder};
     use crate::models::zoo::EncoderBlock;
 
@@ -73,6 +99,7 @@ mod on_device {
         dev: &Device,
         block: &EncoderBlock,
         batch: usize,
+        pass: Pass,
         reps: usize,
     ) -> Result<LaunchCost> {
         let Device::Cuda(cuda) = dev else {
@@ -80,56 +107,78 @@ mod on_device {
         };
         let mut pb = ParamBuilder::new(SplitMix64::new(1), dev).computing_in(DType::BF16);
         let whole = Block::new(&mut pb, "block", block.dims, block.causal)?;
-        let _params = pb.finish();
+        let params = pb.finish();
+        let first = match params.iter().next() {
+            Some((_, v)) => v.as_tensor().clone(),
+            None => bail!("a block without parameters"),
+        };
         let shape = (batch, block.tokens, block.dims.dim);
         let n = batch * block.tokens * block.dims.dim;
         let x = Tensor::from_vec(SplitMix64::new(11).normals(n, 1.0), shape, dev)?;
+        let forward = || whole.forward(&x);
+        // The step keeps the first parameter's gradient; the rest are freed inside the pass.
+        let step = || {
+            let grads = whole.forward(&x)?.sum_all()?.backward()?;
+            (grads.get(&first).cloned()).ok_or_else(|| Error::Msg("no gradient".into()))
+        };
+        match pass {
+            Pass::Forward => graphed(cuda, pass, &forward, reps),
+            Pass::Step => graphed(cuda, pass, &step, reps),
+        }
+    }
 
+    /// `run` launched op by op, then captured and replayed: [`LaunchCost`] of it.
+    fn graphed(
+        cuda: &CudaDevice,
+        pass: Pass,
+        run: &dyn Fn() -> Result<Tensor>,
+        reps: usize,
+    ) -> Result<LaunchCost> {
         // Op by op, as the trainer launches (each non-contiguous op uploading its shape); the
         // first run warms up (kernels loaded, the causal mask built and kept).
         let (mut eager, mut host) = (Vec::new(), Vec::new());
-        for run in 0..=reps {
-            dev.synchronize()?;
+        for i in 0..=reps {
+            cuda.synchronize()?;
             let start = Instant::now();
-            let y = whole.forward(&x)?;
+            let result = run()?;
             let launched = start.elapsed().as_secs_f64() * 1e3;
-            dev.synchronize()?;
-            if run > 0 {
+            cuda.synchronize()?;
+            if i > 0 {
                 eager.push(start.elapsed().as_secs_f64() * 1e3);
                 host.push(launched);
             }
-            drop(y);
+            drop(result);
         }
 
-        // One more pass with the upload cache on leaves every shape on the device for the
+        // One more run with the upload cache on leaves every shape on the device for the
         // capture to read; then the capture, ended whatever happened inside it.
         let _cached = cuda.enable_cuda_graph_htod_cache();
-        drop(whole.forward(&x)?);
-        dev.synchronize()?;
+        drop(run()?);
+        cuda.synchronize()?;
         let stream = cuda.cuda_stream();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .w()?;
-        let captured = whole.forward(&x);
+        let captured = run();
         // cudarc keeps a failed free's error for the next call, which would then return it
         // before ending the capture: taken here, reported after the capture has ended.
         let pending = stream.context().check_err();
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let graph = stream.end_capture(flags);
         pending.w()?;
-        let y = captured?;
+        let result = captured?;
         let Some(graph) = graph.w()? else {
             bail!("the capture recorded no work")
         };
         // Launched once before anything else can fail: a graph allocation that no launch has
-        // reached must not be freed (the output's drop frees them).
+        // reached must not be freed (the result's drop frees them).
         let mut replays = Vec::new();
-        for run in 0..=reps {
-            dev.synchronize()?;
+        for i in 0..=reps {
+            cuda.synchronize()?;
             let start = Instant::now();
             graph.launch().w()?;
-            dev.synchronize()?;
-            if run > 0 {
+            cuda.synchronize()?;
+            if i > 0 {
                 replays.push(start.elapsed().as_secs_f64() * 1e3);
             }
         }
@@ -138,15 +187,16 @@ mod on_device {
         unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
             .result()
             .w()?;
-        // The last replay's output against the pass launched op by op.
-        let replayed = to_f32s(&y)?;
-        let direct = to_f32s(&whole.forward(&x)?)?;
-        dev.synchronize()?;
-        // The graph first: the output's memory is the graph's, freed by the output's drop.
+        // The last replay's result against the pass launched op by op.
+        let replayed = to_f32s(&result)?;
+        let direct = to_f32s(&run()?)?;
+        cuda.synchronize()?;
+        // The graph first: the result's memory is the graph's, freed by the result's drop.
         drop(graph);
-        drop(y);
+        drop(result);
         let mid = |xs: &[f64]| median(xs).unwrap_or(f64::NAN);
         Ok(LaunchCost {
+            pass,
             eager_ms: mid(&eager),
             eager_host_ms: mid(&host),
             graph_ms: mid(&replays),
@@ -160,11 +210,17 @@ mod on_device {
 mod on_device {
     use candle_core::{Device, Result};
 
-    use super::LaunchCost;
+    use super::{LaunchCost, Pass};
     use crate::models::zoo::EncoderBlock;
 
     /// Never called: [`super::launch_cost`] refuses first, in a build without GPU compute.
-    pub(super) fn measure(_: &Device, _: &EncoderBlock, _: usize, _: usize) -> Result<LaunchCost> {
+    pub(super) fn measure(
+        _: &Device,
+        _: &EncoderBlock,
+        _: usize,
+        _: Pass,
+        _: usize,
+    ) -> Result<LaunchCost> {
         candle_core::bail!("CUDA graphs need the GPU build")
     }
 }
@@ -179,7 +235,9 @@ mod tests {
             return; // the GPU build opens the device instead
         }
         let block = crate::models::zoo::encoder_block("clip", "text", 0.05).unwrap();
-        let e = launch_cost(&block, 2, 0, 1).unwrap_err().to_string();
+        let e = launch_cost(&block, 2, Pass::Step, 0, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("scripts/cuda-cargo"), "{e}");
     }
 }

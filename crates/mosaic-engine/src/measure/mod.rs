@@ -28,7 +28,7 @@
 //!   [`matmul_in_slots`]; on a GPU, [`bench_gpu_slots`], whose CUDA part is `gpu_slots`).
 //! - `block`: one transformer block of a zoo encoder, piece by piece, forward and backward
 //!   ([`time_block`], `mosaic bench block`).
-//! - `launch`: a block's forward pass launched op by op against replayed from a CUDA graph
+//! - `launch`: a block's pass launched op by op against replayed from a CUDA graph
 //!   ([`launch_cost`], `mosaic bench block` on a GPU).
 //! - `gpu_check`: every GPU path of the engine, pass or fail with its figure ([`check_gpu`],
 //!   `mosaic check gpu`).
@@ -62,7 +62,7 @@ pub use gpu_check::{check_gpu, GpuCheck, Outcome};
 pub use gpu_colocate::{colocations_gpu, gpu_colocation_source};
 pub use gpu_info::{gpu_sm_grid, GpuInfo, BUSY_WINDOW};
 pub use gpu_sweep::sweep_gpu;
-pub use launch::{launch_cost, LaunchCost};
+pub use launch::{launch_cost, LaunchCost, Pass};
 pub use machine::{
     available_cores, measure_machine, quota_grid, Machine, StreamPoint, MAX_ATTEMPTS,
     MAX_QUOTA_STEPS, UNDISTURBED,

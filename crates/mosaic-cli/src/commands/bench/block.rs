@@ -2,11 +2,11 @@
 //! its real shape on the device present, and each piece of it alone — norm, projections,
 //! attention (fused where the device has the kernels, and composed), MLP — timed forward and
 //! forward + backward, with the products' throughput and each piece's share of the block. On
-//! a GPU, last, what launching costs: the block's forward pass launched op by op against the
-//! same pass replayed from a CUDA graph.
+//! a GPU, last, what launching costs: the block's forward pass, and its forward and backward
+//! passes, launched op by op against the same passes replayed from a CUDA graph.
 
 use anyhow::Result;
-use mosaic_engine::measure::{launch_cost, time_block, LaunchCost, PieceTime};
+use mosaic_engine::measure::{launch_cost, time_block, LaunchCost, Pass, PieceTime};
 use mosaic_engine::models::zoo::encoder_block;
 use mosaic_engine::Compute;
 
@@ -83,25 +83,32 @@ pub fn run(args: &Args) -> Result<()> {
     // On a GPU, last (the pieces already printed), the launch cost; a capture that fails is
     // reported, not fatal: it says what capturing a module's step would have to get past.
     if let Compute::Cuda(ordinal) = compute {
-        let cost = launch_cost(&block, args.batch, ordinal, args.reps);
-        match (cost, args.json) {
-            (Ok(c), true) => println!("{}", serde_json::json!({ "launch": c })),
-            (Ok(c), false) => println!("{}", launch_line(&c)),
-            (Err(e), true) => println!("{}", serde_json::json!({ "launch_error": e.to_string() })),
-            (Err(e), false) => {
-                println!("launches: the block's forward was not replayed from a CUDA graph: {e}")
+        for pass in [Pass::Forward, Pass::Step] {
+            let cost = launch_cost(&block, args.batch, pass, ordinal, args.reps);
+            match (cost, args.json) {
+                (Ok(c), true) => println!("{}", serde_json::json!({ "launch": c })),
+                (Ok(c), false) => println!("{}", launch_line(&c)),
+                (Err(e), true) => println!(
+                    "{}",
+                    serde_json::json!({ "pass": pass, "launch_error": e.to_string() })
+                ),
+                (Err(e), false) => println!(
+                    "launches: the block's {} was not replayed from a CUDA graph: {e}",
+                    pass.describe()
+                ),
             }
         }
     }
     Ok(())
 }
 
-/// What launching op by op costs the block's forward pass, in one line.
+/// What launching op by op costs one pass of the block, in one line.
 fn launch_line(c: &LaunchCost) -> String {
     format!(
-        "launches: the block's forward {:.3} ms launched op by op (the host {:.3} ms of it), \
-         {:.3} ms replayed from a CUDA graph of {} nodes: launching costs {:.3} ms ({:.0} %); \
-         the replay matches to {:.1e}",
+        "launches: the block's {} {:.3} ms launched op by op (the host {:.3} ms of it), {:.3} \
+         ms replayed from a CUDA graph of {} nodes: launching costs {:.3} ms ({:.0} %); the \
+         replay matches to {:.1e}",
+        c.pass.describe(),
         c.eager_ms,
         c.eager_host_ms,
         c.graph_ms,

@@ -6,6 +6,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 
 use super::{slot, tensor, Res};
+use crate::measure::Pass;
 use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
 
 /// `n` bf16 matmuls of 4096² on `dev`, timed to the stream's end, in ms.
@@ -211,7 +212,7 @@ pub(super) fn launch(device: &GpuDevice) -> Res<(bool, String)> {
             message,
         }
     })?;
-    let c = crate::measure::launch_cost(&block, 2, device.ordinal(), 5)?;
+    let c = crate::measure::launch_cost(&block, 2, Pass::Forward, device.ordinal(), 5)?;
     Ok((
         c.replay_error < 1e-2,
         format!(
