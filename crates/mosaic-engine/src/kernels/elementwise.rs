@@ -1,7 +1,7 @@
 //! LayerNorm and GELU on a GPU as custom ops of candle's whose backward passes are one kernel
 //! each (`kernels/elementwise.cu`): LayerNorm forward and backward one warp a row (∂γ and ∂β as
-//! per-block partial rows the host sums), GELU's forward candle's kernel and its backward one
-//! pass. Each op's output is its own storage (no copy), every launch on the stream of the
+//! per-block partial rows, summed on the device by a candle op), GELU's forward candle's kernel
+//! and its backward one pass. Each op's output is its own storage (no copy), every launch on the stream of the
 //! tensors' device. [`crate::models::nn`] uses them on a CUDA device; its composed forms stay
 //! the CPU's and the reference.
 
