@@ -262,7 +262,7 @@ fn medians(reports: &[StepReport]) -> Timed {
 /// The stages of `schedule` with more than one module, from their times by it (`by_plan`)
 /// and their modules' times one after another (`alone`).
 fn shared_stages(schedule: &Schedule, by_plan: &Timed, alone: &Timed) -> Vec<SharedStage> {
-    let alone_ms = |name: &str| alone.modules.get(name).copied().unwrap_or(f64::NAN);
+    let of = |t: &Timed, name: &str| t.modules.get(name).copied().unwrap_or(f64::NAN);
     (schedule.stages.iter().zip(&by_plan.stages))
         .filter(|(stage, _)| stage.len() > 1)
         .map(|(stage, &colocated_ms)| {
@@ -271,8 +271,8 @@ fn shared_stages(schedule: &Schedule, by_plan: &Timed, alone: &Timed) -> Vec<Sha
                 .map(|p| SharedModule {
                     name: p.name.clone(),
                     sm: p.assignment.sm,
-                    slot_ms: by_plan.modules.get(&p.name).copied().unwrap_or(f64::NAN),
-                    alone_ms: alone_ms(&p.name),
+                    slot_ms: of(by_plan, &p.name),
+                    alone_ms: of(alone, &p.name),
                 })
                 .collect();
             SharedStage {
@@ -297,8 +297,7 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
     let mosaic = Schedule::from_plan(plan, Path::new("(the Mosaic plan)"), &model, batch, cores)
         .map_err(engine)?;
     let described = mosaic.describe_with(|p| format!("{:.2}", p.assignment.sm));
-    let stages = mosaic.clone();
-    let by_plan = time(model, mosaic, batch, args.steps, compute)?;
+    let by_plan = time(model, mosaic.clone(), batch, args.steps, compute)?;
     let model = build()?;
     let sequential = Schedule::sequential(&model, cores);
     let alone = time(model, sequential, batch, args.steps, compute)?;
@@ -309,7 +308,7 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
         predicted_ms: plan.iteration_ms,
         mosaic_ms: by_plan.step_ms,
         sequential_ms: alone.step_ms,
-        shared: shared_stages(&stages, &by_plan, &alone),
+        shared: shared_stages(&mosaic, &by_plan, &alone),
     })
 }
 
