@@ -136,19 +136,7 @@ mod on_device {
     ) -> Result<LaunchCost> {
         // Op by op, as the trainer launches (each non-contiguous op uploading its shape); the
         // first run warms up (kernels loaded, the causal mask built and kept).
-        let (mut eager, mut host) = (Vec::new(), Vec::new());
-        for i in 0..=reps {
-            cuda.synchronize()?;
-            let start = Instant::now();
-            let result = run()?;
-            let launched = start.elapsed().as_secs_f64() * 1e3;
-            cuda.synchronize()?;
-            if i > 0 {
-                eager.push(start.elapsed().as_secs_f64() * 1e3);
-                host.push(launched);
-            }
-            drop(result);
-        }
+        let (eager_ms, eager_host_ms) = timed(cuda, reps, run)?;
 
         // One more run with the upload cache on leaves every shape on the device for the
         // capture to read; then the capture, ended whatever happened inside it.
@@ -172,16 +160,7 @@ mod on_device {
         };
         // Launched once before anything else can fail: a graph allocation that no launch has
         // reached must not be freed (the result's drop frees them).
-        let mut replays = Vec::new();
-        for i in 0..=reps {
-            cuda.synchronize()?;
-            let start = Instant::now();
-            graph.launch().w()?;
-            cuda.synchronize()?;
-            if i > 0 {
-                replays.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+        let (graph_ms, _) = timed(cuda, reps, &|| graph.launch().w())?;
         let mut nodes = 0usize;
         // SAFETY: a live graph owned by `graph`; a null node array asks for the count alone.
         unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
@@ -194,15 +173,34 @@ mod on_device {
         // The graph first: the result's memory is the graph's, freed by the result's drop.
         drop(graph);
         drop(result);
-        let mid = |xs: &[f64]| median(xs).unwrap_or(f64::NAN);
         Ok(LaunchCost {
             pass,
-            eager_ms: mid(&eager),
-            eager_host_ms: mid(&host),
-            graph_ms: mid(&replays),
+            eager_ms,
+            eager_host_ms,
+            graph_ms,
             nodes,
             replay_error: relative_error(&replayed, &direct),
         })
+    }
+
+    /// Median times of `run` over `reps` runs after one, ms: from a synchronised device to a
+    /// synchronised device, and to `run`'s return (the host's part).
+    fn timed<T>(cuda: &CudaDevice, reps: usize, run: &dyn Fn() -> Result<T>) -> Result<(f64, f64)> {
+        let (mut whole, mut host) = (Vec::new(), Vec::new());
+        for i in 0..=reps {
+            cuda.synchronize()?;
+            let start = Instant::now();
+            let result = run()?;
+            let returned = start.elapsed().as_secs_f64() * 1e3;
+            cuda.synchronize()?;
+            if i > 0 {
+                whole.push(start.elapsed().as_secs_f64() * 1e3);
+                host.push(returned);
+            }
+            drop(result);
+        }
+        let mid = |xs: &[f64]| median(xs).unwrap_or(f64::NAN);
+        Ok((mid(&whole), mid(&host)))
     }
 }
 
