@@ -4,7 +4,7 @@
 // 16 kernels and as many passes over memory per tensor; PyTorch's fused AdamW, which the shared
 // H100 measurements trained with, is likewise one pass.
 //
-// Compiled to PTX by the engine's build script for the GPU build only.
+// Compiled to a fatbin by the engine's build script, for the GPU build only.
 
 extern "C" __global__ void mosaic_adamw_f32(
     float *__restrict__ theta,

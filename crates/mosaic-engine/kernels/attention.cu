@@ -6,18 +6,24 @@
 // batched GEMMs around a materialised softmax, and its backward's five more passes over the
 // scores), which the H200 measurements of 2026-11-26 found the largest cost of a step.
 //
-// Layout: q, k, v, o, dO are contiguous bf16 `[batch·heads, tokens, D]` (q, k and v may be
-// thirds of one `[3, batch·heads, tokens, D]` tensor, and dk, dv, dq thirds of its gradient);
-// the scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch·heads, tokens]`; dq
-// accumulates in f32 (zeroed by the host) through atomics, as FlashAttention-2 does, and is
-// cast to bf16 by `mosaic_f32_to_bf16`. D (the head dimension) is a multiple of
-// 16 up to 128, one kernel each. Every matrix product is WMMA 16×16×16 (bf16 in, f32
-// accumulate) between tiles in shared memory; the elementwise work (masking, exponentials,
-// rescaling) reads and writes shared memory, so nothing depends on the fragments' private
-// register layout. Every address handed to WMMA is a multiple of 32 bytes and every leading
-// dimension a multiple of 16 elements, as the API requires.
+// Layout: q, k and v are read where the qkv projection wrote them, bf16 `[batch, tokens, 3,
+// heads, D]`, and o is written where the output projection reads it, `[batch, tokens, heads,
+// D]`, so no copy rearranges them around the kernels (as FlashAttention's own interface takes
+// strided q, k, v). Every matrix is thus rows of D values, one a token, `ld` elements apart
+// (3·heads·D for q, k, v and their gradients, heads·D for o, dO and dq's accumulator), head h
+// of a row h·D from its start: the kernels take pointers to head 0 of token 0 of sample 0. The
+// scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch, tokens, heads]`, the row
+// order of o; dq accumulates in f32 (zeroed by the host) through atomics, as FlashAttention-2
+// does, and is cast to bf16 into its place by `mosaic_f32_to_bf16_rows`. D (the head
+// dimension) is a multiple of 16 up to 128, one kernel each, so every row of a head starts on
+// a 32-byte boundary of a 32-byte-aligned allocation, as the 16-byte tile loads need. Every
+// matrix product is WMMA 16×16×16 (bf16 in, f32 accumulate) between tiles in shared memory;
+// the elementwise work (masking, exponentials, rescaling) reads and writes shared memory, so
+// nothing depends on the fragments' private register layout. Every address handed to WMMA is a
+// multiple of 32 bytes and every leading dimension a multiple of 16 elements, as the API
+// requires.
 //
-// Compiled to PTX by the engine's build script for the GPU build only.
+// Compiled to a fatbin by the engine's build script, for the GPU build only.
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -85,17 +91,29 @@ __device__ __forceinline__ float warp_sum(float v) {
 typedef wmma::row_major Row;
 typedef wmma::col_major Col;
 
-// Copies rows row0 … row0+TILE of a contiguous [T, D] bf16 matrix into a [TILE, D] tile, 16
-// bytes a load; rows past T become zeros.
+// Copies rows row0 … row0+TILE of a [T, D] bf16 matrix whose rows lie `ld` elements apart
+// into a [TILE, D] tile, 16 bytes a load; rows past T become zeros.
 template <int D>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int row0, int T) {
+__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int ld, int row0, int T) {
     const int per_row = D / 8;
     for (int i = threadIdx.x; i < TILE * per_row; i += THREADS) {
         const int r = i / per_row, c = (i % per_row) * 8;
         int4 v = make_int4(0, 0, 0, 0);
-        if (row0 + r < T) v = *reinterpret_cast<const int4 *>(src + (size_t)(row0 + r) * D + c);
+        if (row0 + r < T) v = *reinterpret_cast<const int4 *>(src + (size_t)(row0 + r) * ld + c);
         *reinterpret_cast<int4 *>(dst + r * D + c) = v;
     }
+}
+
+// Where the (sample, head) of block row blockIdx.y starts: token 0 of its head in q, k, v
+// (rows ld_qkv apart) and in o, dO and dq's accumulator (rows ld_o apart), and its token 0's
+// index in lse and the row dots, whose tokens lie `heads` apart.
+struct Head {
+    size_t qkv, o, row;
+};
+
+__device__ __forceinline__ Head head_of(int T, int heads, int D, int ld_qkv, int ld_o) {
+    const size_t b = blockIdx.y / heads, h = blockIdx.y % heads;
+    return {b * T * ld_qkv + h * D, b * T * ld_o + h * D, b * T * heads + h};
 }
 
 // Bytes of dynamic shared memory the forward kernel of head dimension D takes.
@@ -107,8 +125,9 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int row0, 
 // every row's running maximum and sum (the same values on every lane).
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                              const bf16 *__restrict__ v, bf16 *__restrict__ o,
-                                              float *__restrict__ lse, int T, int causal, float scale) {
+                                              const bf16 *__restrict__ v, int ld_qkv, bf16 *__restrict__ o,
+                                              int ld_o, float *__restrict__ lse, int T, int heads,
+                                              int causal, float scale) {
     DYNAMIC_SMEM(smem);
     bf16 *Qs = reinterpret_cast<bf16 *>(smem);       // [TILE, D]
     bf16 *Ks = Qs + TILE * D;                        // [TILE, D]
@@ -117,11 +136,11 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     bf16 *Ps = reinterpret_cast<bf16 *>(Ss + TILE * TILE);  // probabilities [TILE, TILE]
     float *Os = reinterpret_cast<float *>(Ps + TILE * TILE);  // output accumulator [TILE, D]
 
-    const int bh = blockIdx.y, q0 = blockIdx.x * TILE;
-    const size_t base = (size_t)bh * T * D;
+    const int q0 = blockIdx.x * TILE;
+    const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    load_tile<D>(Qs, q + base, q0, T);
+    load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T);
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) Os[i] = 0.f;
     float m[16], l[16];
 #pragma unroll
@@ -135,8 +154,8 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * TILE;
-        load_tile<D>(Ks, k + base, k0, T);
-        load_tile<D>(Vs, v + base, k0, T);
+        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
+        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
         __syncthreads();
 
         // S = Q Kᵀ for the warp's 16 rows.
@@ -188,9 +207,9 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
         const int row = warp * 16 + rr, qi = q0 + row;
         if (qi >= T) continue;
         const float inv = 1.f / l[rr];
-        bf16 *out = o + base + (size_t)qi * D;
+        bf16 *out = o + start.o + (size_t)qi * ld_o;
         for (int c = lane; c < D; c += 32) out[c] = __float2bfloat16(Os[row * D + c] * inv);
-        if (lane == 0) lse[(size_t)bh * T + qi] = m[rr] + __logf(l[rr]);
+        if (lane == 0) lse[start.row + (size_t)qi * heads] = m[rr] + __logf(l[rr]);
     }
 }
 
@@ -205,10 +224,12 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 // rows with the lanes along them, as in the forward kernel.
 template <int D>
 __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                               const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
+                                               const bf16 *__restrict__ v, int ld_qkv,
+                                               const bf16 *__restrict__ dout, int ld_o,
                                                const float *__restrict__ lse, const float *__restrict__ dd,
                                                float *__restrict__ dq, bf16 *__restrict__ dk,
-                                               bf16 *__restrict__ dv, int T, int causal, float scale) {
+                                               bf16 *__restrict__ dv, int T, int heads, int causal,
+                                               float scale) {
     DYNAMIC_SMEM(smem);
     bf16 *Ks = reinterpret_cast<bf16 *>(smem);  // [TILE keys, D]
     bf16 *Vs = Ks + TILE * D;                   // [TILE keys, D]
@@ -223,28 +244,29 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     float *lse_s = scratch + WARPS * 256;                            // [TILE queries]
     float *dd_s = lse_s + TILE;                                      // [TILE queries]
 
-    const int bh = blockIdx.y, k0 = blockIdx.x * TILE;
-    const size_t base = (size_t)bh * T * D;
+    const int k0 = blockIdx.x * TILE;
+    const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // In a warp's 16 × 16 scratch tile, lanes 0–15 take an even row and 16–31 the odd one
     // after it: 32 distinct banks.
     const int pair = lane / 16, col = lane % 16;
     float *mine = scratch + warp * 256;
 
-    load_tile<D>(Ks, k + base, k0, T);
-    load_tile<D>(Vs, v + base, k0, T);
+    load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
+    load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) dKs[i] = dVs[i] = 0.f;
     const int tiles = (T + TILE - 1) / TILE;
 
     for (int it = causal ? (int)blockIdx.x : 0; it < tiles; ++it) {
         const int q0 = it * TILE;
         __syncthreads();  // the previous tile's Qs, dOs and dSs are no longer read
-        load_tile<D>(Qs, q + base, q0, T);
-        load_tile<D>(dOs, dout + base, q0, T);
+        load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T);
+        load_tile<D>(dOs, dout + start.o, ld_o, q0, T);
         for (int i = threadIdx.x; i < TILE; i += THREADS) {
             const bool in = q0 + i < T;
-            lse_s[i] = in ? lse[(size_t)bh * T + q0 + i] : POS_INF;
-            dd_s[i] = in ? dd[(size_t)bh * T + q0 + i] : 0.f;
+            const size_t row = start.row + (size_t)(q0 + i) * heads;
+            lse_s[i] = in ? lse[row] : POS_INF;
+            dd_s[i] = in ? dd[row] : 0.f;
         }
         __syncthreads();
 
@@ -296,7 +318,7 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             __syncwarp();
             for (int r = pair; r < 16; r += 2) {
                 const int qi = q0 + warp * 16 + r;
-                if (qi < T) atomicAdd(dq + base + (size_t)qi * D + t * 16 + col, scale * mine[r * 16 + col]);
+                if (qi < T) atomicAdd(dq + start.o + (size_t)qi * ld_o + t * 16 + col, scale * mine[r * 16 + col]);
             }
             __syncwarp();
         }
@@ -305,21 +327,25 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) {
         const int r = i / D, c = i % D;
         if (k0 + r < T) {
-            dk[base + (size_t)(k0 + r) * D + c] = __float2bfloat16(scale * dKs[i]);
-            dv[base + (size_t)(k0 + r) * D + c] = __float2bfloat16(dVs[i]);
+            const size_t to = start.qkv + (size_t)(k0 + r) * ld_qkv + c;
+            dk[to] = __float2bfloat16(scale * dKs[i]);
+            dv[to] = __float2bfloat16(dVs[i]);
         }
     }
 }
 
-// dst = src in bf16, `n` values (dq's f32 accumulator into its bf16 place).
-extern "C" __global__ void mosaic_f32_to_bf16(const float *__restrict__ src, bf16 *__restrict__ dst,
-                                             unsigned long long n) {
+// dst = src in bf16, `n` values in rows of `width`, which lie `ld` elements apart in dst (dq's
+// f32 accumulator into its bf16 place, the first third of each row of the qkv gradient).
+extern "C" __global__ void mosaic_f32_to_bf16_rows(const float *__restrict__ src, bf16 *__restrict__ dst,
+                                                  unsigned long long n, unsigned long long width,
+                                                  unsigned long long ld) {
     const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = __float2bfloat16(src[i]);
+        dst[i / width * ld + i % width] = __float2bfloat16(src[i]);
 }
 
-// Σ_d dO·O of each of `rows` rows of D values (the backward pass's D_i), one warp a row.
+// Σ_d dO·O of each of `rows` rows of D values (the backward pass's D_i; a row is a (sample,
+// token, head) of the contiguous o and dO), one warp a row.
 extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, const bf16 *__restrict__ dout,
                                                 float *__restrict__ dd, int rows, int D) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -333,14 +359,15 @@ extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, cons
 
 #define FLASH_KERNELS(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-        mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *lse,  \
-                                 int T, int causal, float scale) {                                   \
-        flash_forward<D>(q, k, v, o, lse, T, causal, scale);                                         \
+        mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, int ld_qkv, bf16 *o,   \
+                                 int ld_o, float *lse, int T, int heads, int causal, float scale) {  \
+        flash_forward<D>(q, k, v, ld_qkv, o, ld_o, lse, T, heads, causal, scale);                    \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(THREADS) mosaic_flash_backward_##D(                 \
-        const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,            \
-        const float *dd, float *dq, bf16 *dk, bf16 *dv, int T, int causal, float scale) {            \
-        flash_backward<D>(q, k, v, dout, lse, dd, dq, dk, dv, T, causal, scale);                     \
+        const bf16 *q, const bf16 *k, const bf16 *v, int ld_qkv, const bf16 *dout, int ld_o,        \
+        const float *lse, const float *dd, float *dq, bf16 *dk, bf16 *dv, int T, int heads,         \
+        int causal, float scale) {                                                                   \
+        flash_backward<D>(q, k, v, ld_qkv, dout, ld_o, lse, dd, dq, dk, dv, T, heads, causal, scale); \
     }
 
 FLASH_KERNELS(16)

@@ -16,7 +16,7 @@
 //   and mod, and that sum reads one column at a time (a 2-byte read per 32-byte sector) and
 //   accumulates in bf16; here threads read along rows and sum in f32.
 //
-// Compiled to PTX by the engine's build script for the GPU build only; `kernels/emulated/`
+// Compiled to a fatbin by the engine's build script for the GPU build only; `kernels/emulated/`
 // runs this source on a CPU for the tests.
 
 #include <cuda_bf16.h>

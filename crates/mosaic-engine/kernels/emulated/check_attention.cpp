@@ -1,8 +1,9 @@
 // Runs the fused attention kernels of `../attention.cu` on the CPU (this folder's emulation of
 // CUDA and WMMA) against attention computed directly in f64 from the same bf16 inputs: the
-// output, the log-sum-exp and the gradients of q, k and v, for head dimensions 16 to 128,
-// token counts below, at and past a tile (64), causal or not. Prints one line a case and exits
-// 1 if any misses its bound. Built and run by `tests/kernels.rs`.
+// output, the log-sum-exp and the gradients of q, k and v, in the layouts the engine hands the
+// kernels (q, k, v as the qkv projection writes them), for head dimensions 16 to 128, token
+// counts below, at and past a tile (64), causal or not, one or more samples and heads. Prints
+// one line a case and exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
 #include "../attention.cu"
 #include "check.h"
 
@@ -22,10 +23,12 @@ void launch(unsigned gx, unsigned gy, unsigned threads, size_t smem, F kernel) {
     emu::launch({gx, gy, 1}, {threads, 1, 1}, smem, kernel);
 }
 
-Errors run(int bh, int T, int D, bool causal, unsigned seed) {
+Errors run(int B, int H, int T, int D, bool causal, unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
+    const int bh = B * H;
     const size_t n = size_t(bh) * T * D;
+    // Drawn per (sample, head) as [B·H, T, D], the reference's layout.
     auto draw = [&](float scale) {
         std::vector<bf16> v(n);
         for (auto &x : v) x = __float2bfloat16(normal(rng) * scale);
@@ -75,70 +78,103 @@ Errors run(int bh, int T, int D, bool causal, unsigned seed) {
                 }
     }
 
-    // The kernels.
-    std::vector<bf16> o(n), dq(n), dk(n), dv(n);
-    std::vector<float> lse(size_t(bh) * T), dd(size_t(bh) * T), dq32(n, 0.f);
+    // The kernels' layouts: q, k, v (and their gradient) as a projection writes them, [B, T, 3,
+    // H, D]; o, dO and dq's accumulator [B, T, H, D]; lse and the row dots [B, T, H]. Element d
+    // of token i of head h of sample b: at qkv_at(b, h, i) + d + which · H·D (which: q, k, v), at
+    // o_at(b, h, i) + d. Outputs start as NaN, so an element never written fails the check.
+    const int ld_qkv = 3 * H * D, ld_o = H * D;
+    auto qkv_at = [&](int b, int h, int i) { return (size_t(b) * T + i) * ld_qkv + size_t(h) * D; };
+    auto o_at = [&](int b, int h, int i) { return (size_t(b) * T + i) * ld_o + size_t(h) * D; };
+    auto row_at = [&](int b, int h, int i) { return (size_t(b) * T + i) * H + h; };
+    const bf16 nan16 = __float2bfloat16(NAN);
+    std::vector<bf16> qkv(3 * n), o(n, nan16), dqkv(3 * n, nan16), g(n);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int i = 0; i < T; ++i)
+                for (int d = 0; d < D; ++d) {
+                    const size_t from = (size_t(b * H + h) * T + i) * D + d, at = qkv_at(b, h, i) + d;
+                    qkv[at] = q[from];
+                    qkv[at + ld_o] = k[from];
+                    qkv[at + 2 * ld_o] = v[from];
+                    g[o_at(b, h, i) + d] = dout[from];
+                }
+    std::vector<float> lse(size_t(bh) * T, NAN), dd(size_t(bh) * T, NAN), dq32(n, 0.f);
     const unsigned tiles = (T + TILE - 1) / TILE;
     const int c = causal;
+    const bf16 *q_at = qkv.data(), *k_at = q_at + ld_o, *v_at = k_at + ld_o;
+    bf16 *dq_at = dqkv.data(), *dk_at = dq_at + ld_o, *dv_at = dk_at + ld_o;
     size_t fwd = FWD_SMEM(D), bwd = BWD_SMEM(D);
     auto forward = [&] {
         switch (D) {
-#define CASE(d) case d: mosaic_flash_forward_##d(q.data(), k.data(), v.data(), o.data(), lse.data(), T, c, scale); break;
+#define CASE(d) case d: mosaic_flash_forward_##d(q_at, k_at, v_at, ld_qkv, o.data(), ld_o, lse.data(), T, H, c, scale); break;
             CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(112) CASE(128)
 #undef CASE
         }
     };
     auto backward = [&] {
         switch (D) {
-#define CASE(d) case d: mosaic_flash_backward_##d(q.data(), k.data(), v.data(), dout.data(), lse.data(), dd.data(), dq32.data(), dk.data(), dv.data(), T, c, scale); break;
+#define CASE(d) case d: mosaic_flash_backward_##d(q_at, k_at, v_at, ld_qkv, g.data(), ld_o, lse.data(), dd.data(), dq32.data(), dk_at, dv_at, T, H, c, scale); break;
             CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(112) CASE(128)
 #undef CASE
         }
     };
     launch(tiles, bh, THREADS, fwd, forward);
     const int rows = bh * T;
-    launch((rows + 3) / 4, 1, 128, 0, [&] { mosaic_flash_row_dot(o.data(), dout.data(), dd.data(), rows, D); });
+    launch((rows + 3) / 4, 1, 128, 0, [&] { mosaic_flash_row_dot(o.data(), g.data(), dd.data(), rows, D); });
     launch(tiles, bh, THREADS, bwd, backward);
-    const unsigned long long count = n;
-    launch(2, 1, 256, 0, [&] { mosaic_f32_to_bf16(dq32.data(), dq.data(), count); });
+    const unsigned long long count = n, width = ld_o, ld = ld_qkv;
+    launch(2, 1, 256, 0, [&] { mosaic_f32_to_bf16_rows(dq32.data(), dq_at, count, width, ld); });
 
-    auto floats = [](const std::vector<bf16> &x) {
-        std::vector<float> out(x.size());
-        for (size_t i = 0; i < x.size(); ++i) out[i] = __bfloat162float(x[i]);
-        return out;
-    };
+    // Back to the reference's layout.
+    std::vector<float> o_got(n), lse_got(size_t(bh) * T), dq(n), dk(n), dv(n);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int i = 0; i < T; ++i) {
+                const size_t to = size_t(b * H + h) * T + i;
+                lse_got[to] = lse[row_at(b, h, i)];
+                for (int d = 0; d < D; ++d) {
+                    const size_t at = qkv_at(b, h, i) + d;
+                    o_got[to * D + d] = __bfloat162float(o[o_at(b, h, i) + d]);
+                    dq[to * D + d] = __bfloat162float(dqkv[at]);
+                    dk[to * D + d] = __bfloat162float(dqkv[at + ld_o]);
+                    dv[to * D + d] = __bfloat162float(dqkv[at + 2 * ld_o]);
+                }
+            }
     Errors e;
-    e.o = relative(floats(o), o_ref, 1e-2);
-    e.lse = relative(lse, lse_ref, 1e-2);
-    e.dq = relative(floats(dq), dq_ref, 1e-2);
-    e.dk = relative(floats(dk), dk_ref, 1e-2);
-    e.dv = relative(floats(dv), dv_ref, 1e-2);
+    e.o = relative(o_got, o_ref, 1e-2);
+    e.lse = relative(lse_got, lse_ref, 1e-2);
+    e.dq = relative(dq, dq_ref, 1e-2);
+    e.dk = relative(dk, dk_ref, 1e-2);
+    e.dv = relative(dv, dv_ref, 1e-2);
     return e;
 }
 
 }  // namespace
 
 int main() {
+    // Samples B and heads H apart, so that the strides between tokens, heads and samples are
+    // all exercised.
     struct Case {
-        int bh, T, D;
+        int B, H, T, D;
         bool causal;
     };
     const Case cases[] = {
-        {2, 1, 64, false},  {2, 37, 64, true},   {2, 64, 16, false}, {1, 130, 64, true},
-        {1, 130, 48, false}, {1, 77, 80, true},  {1, 70, 128, false}, {1, 65, 32, true},
-        {1, 20, 96, false},  {1, 20, 112, true}, {3, 200, 64, true},
+        {2, 1, 1, 64, false},  {1, 2, 37, 64, true},    {2, 1, 64, 16, false}, {1, 1, 130, 64, true},
+        {1, 1, 130, 48, false}, {1, 1, 77, 80, true},   {1, 1, 70, 128, false}, {1, 1, 65, 32, true},
+        {1, 1, 20, 96, false},  {1, 1, 20, 112, true},  {1, 3, 200, 64, true},  {3, 2, 45, 48, false},
     };
     // bf16 probabilities and dS (as FlashAttention keeps them) bound the agreement.
     const double bound = 2e-2;
     bool ok = true;
     unsigned seed = 1;
     for (const Case &c : cases) {
-        const Errors e = run(c.bh, c.T, c.D, c.causal, seed++);
+        const Errors e = run(c.B, c.H, c.T, c.D, c.causal, seed++);
         const double worst = std::max({e.o, e.lse, e.dq, e.dk, e.dv});
         const bool pass = worst < bound && std::isfinite(worst);
         ok = ok && pass;
-        std::printf("%s bh=%d T=%d D=%d causal=%d: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
-                    pass ? "pass" : "FAIL", c.bh, c.T, c.D, int(c.causal), e.o, e.lse, e.dq, e.dk, e.dv);
+        std::printf("%s B=%d H=%d T=%d D=%d causal=%d: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+                    pass ? "pass" : "FAIL", c.B, c.H, c.T, c.D, int(c.causal), e.o, e.lse, e.dq, e.dk,
+                    e.dv);
     }
     return ok ? 0 : 1;
 }

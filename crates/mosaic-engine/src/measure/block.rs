@@ -157,7 +157,7 @@ fn time_pieces(
         var(&heads_shape, 1.0, dtype)?,
         var(&heads_shape, 1.0, dtype)?,
     );
-    let stacked = var(&[3, batch, heads, tokens, hd], 1.0, dtype)?; // q, k, v as the kernels take them
+    let stacked = var(&[batch, tokens, 3, heads, hd], 1.0, dtype)?; // q, k, v as the kernels take them
     let mask = causal
         .then(|| causal_mask(tokens, dtype, dev))
         .transpose()?;

@@ -379,26 +379,27 @@ impl Attention {
         let qkv = self
             .qkv
             .forward_in_compute(x)?
-            .reshape((b, t, 3, self.heads, hd))?
-            .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
+            .reshape((b, t, 3, self.heads, hd))?;
         let fused = match mask {
-            None => flash::attention(&qkv, self.causal)?,
+            None => flash::attention(&qkv, self.causal)?, // [b, t, heads, hd]
             Some(_) => None,
         };
         let y = match fused {
             Some(y) => y,
             None => {
+                let qkv = qkv.permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
                 let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?;
                 let (k, v) = (qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-                if self.causal {
+                let y = if self.causal {
                     let causal = self.causal_mask(t, dtype, x.device())?;
                     composed_attention(&q, &k, &v, &[Some(&causal), mask])?
                 } else {
                     composed_attention(&q, &k, &v, &[mask])?
-                }
+                };
+                y.transpose(1, 2)? // from [b, heads, t, hd]
             }
         };
-        let y = y.transpose(1, 2)?.reshape((b, t, dim))?; // from [b, heads, t, hd]
+        let y = y.reshape((b, t, dim))?;
         self.out.forward_in_compute(&y)?.to_dtype(DType::F32)
     }
 }

@@ -62,7 +62,7 @@ pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
 }
 
 /// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16; scores scaled by 1/√d) and
-/// the gradients of Σ y·w: `[y, dq, dk, dv]`. Fused (q, k, v stacked as the kernels take them),
+/// the gradients of Σ y·w: `[y, dq, dk, dv]`. Fused (q, k, v laid out as the kernels take them),
 /// in bf16; or composed, in f32 for the accuracy cases and bf16 at [`TIMED`] (the form the layer
 /// would otherwise run).
 fn run(
@@ -85,8 +85,12 @@ fn run(
     let (q, k, v) = (draw(1, 1.0)?, draw(2, 1.0)?, draw(3, 1.0)?);
     let w = Tensor::from_vec(SplitMix64::new(4).normals(n, 1.0), shape, dev)?;
     let y = if fused {
-        let qkv = Tensor::stack(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?;
-        super::cuda::attention(&qkv, causal)?
+        // As a projection writes them: [batch, tokens, 3, heads, d]; the output back from
+        // [batch, tokens, heads, d] to the composed form's [batch, heads, tokens, d].
+        let qkv = Tensor::stack(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?
+            .permute((1, 3, 0, 2, 4))?
+            .contiguous()?;
+        super::cuda::attention(&qkv, causal)?.transpose(1, 2)?
     } else {
         let mask = causal.then(|| causal_mask(t, dtype, dev)).transpose()?;
         let scaled = (q.as_tensor() * (d as f64).powf(-0.5))?;

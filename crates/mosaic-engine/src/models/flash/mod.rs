@@ -8,11 +8,14 @@
 
 use candle_core::{Result, Tensor};
 
-/// `softmax(q kᵀ/√d + causal mask) · v` of `qkv` = `[q, k, v]` (`[3, batch, heads, tokens,
-/// d]`, any strides: a view of a projection's output) as one node of its tape, `[batch, heads,
-/// tokens, d]`, computed by the fused kernels: `None` where they cannot run it (see the
-/// module's doc) or `MOSAIC_KERNELS=composed` turns them off, and then the caller composes it. Taking the three as one tensor, the backward
-/// pass writes their gradient as one (split q, k, v would each be padded back to the whole).
+/// `softmax(q kᵀ/√d + causal mask) · v` of `qkv` = `[batch, tokens, 3, heads, d]` (the qkv
+/// projection's output as it is: each token's q, k and v, head after head) as one node of its
+/// tape, `[batch, tokens, heads, d]` (what the output projection reads as it is), computed by
+/// the fused kernels: `None` where they cannot run it (see the module's doc) or
+/// `MOSAIC_KERNELS=composed` turns them off, and then the caller composes it. The kernels read
+/// and write these layouts in place, so no copy rearranges heads around them, forward or
+/// backward; and taking q, k and v as one tensor, the backward pass writes their gradient as
+/// one (split q, k, v would each be padded back to the whole).
 pub fn attention(qkv: &Tensor, causal: bool) -> Result<Option<Tensor>> {
     #[cfg(mosaic_gpu)]
     if cuda::runs(qkv) && crate::kernels::fused() {
