@@ -7,7 +7,10 @@
 //   tensor. Here the backward pass recomputes the mean and 1/σ from x and writes
 //   ∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂)) once; ∂γ = Σ g·x̂ and ∂β = Σ g are summed over the
 //   block's rows in shared memory and written as one partial row per block, which the host sums
-//   (a [blocks, 2, dim] tensor, small).
+//   (a [blocks, 2, dim] tensor, small). x and ∂x are f32 (the residual stream); y, and so g,
+//   are f32 or bf16: a norm whose output feeds a bf16 product writes it in bf16 and reads its
+//   gradient in bf16, where a cast after it and another before its backward pass would each
+//   take a pass over the tensor (the values are the same: both round the f32 result once).
 // - GELU's backward pass (tanh form, as candle's `gelu`): candle differentiates it with sixteen
 //   elementwise ops over the MLP's hidden activations, the step's largest tensor; here
 //   ∂x = g·gelu'(x) in one pass, in f32 arithmetic whatever the storage.
@@ -24,6 +27,12 @@
 #ifndef DYNAMIC_SMEM
 #define DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
+
+// Values of either storage, in f32 arithmetic.
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void put(float &to, float v) { to = v; }
+__device__ __forceinline__ void put(__nv_bfloat16 &to, float v) { to = __float2bfloat16(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -46,28 +55,45 @@ __device__ __forceinline__ void row_stats(const float *xr, int dim, float eps, i
 }
 
 // y = (x − mean)/√(var + eps)·γ + β over each row of a contiguous [rows, dim] f32 tensor, one
-// warp a row, as candle-nn's layer_norm computes it (its kernel is not public to a custom op).
-extern "C" __global__ void mosaic_layer_norm_f32(const float *__restrict__ x, const float *__restrict__ gamma,
-                                                const float *__restrict__ beta, float *__restrict__ y,
-                                                int rows, int dim, float eps) {
+// warp a row, as candle-nn's layer_norm computes it (its kernel is not public to a custom op);
+// y in f32 or bf16 (Y).
+template <class Y>
+__device__ __forceinline__ void layer_norm(const float *__restrict__ x, const float *__restrict__ gamma,
+                                           const float *__restrict__ beta, Y *__restrict__ y, int rows,
+                                           int dim, float eps) {
     const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
     for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
         const float *xr = x + (size_t)row * dim;
         float mean, r;
         row_stats(xr, dim, eps, lane, mean, r);
-        float *out = y + (size_t)row * dim;
-        for (int c = lane; c < dim; c += 32) out[c] = (xr[c] - mean) * r * gamma[c] + beta[c];
+        Y *out = y + (size_t)row * dim;
+        for (int c = lane; c < dim; c += 32) put(out[c], (xr[c] - mean) * r * gamma[c] + beta[c]);
     }
 }
 
-// x, g, dx: [rows, dim] f32, contiguous; gamma: [dim]; part: [gridDim.x, 2, dim] (∂γ, then ∂β,
-// each block's share). Dynamic shared memory: 2·dim floats.
-extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restrict__ x,
-                                                         const float *__restrict__ gamma,
-                                                         const float *__restrict__ g,
-                                                         float *__restrict__ dx,
-                                                         float *__restrict__ part, int rows,
-                                                         int dim, float eps) {
+extern "C" __global__ void mosaic_layer_norm_f32(const float *__restrict__ x, const float *__restrict__ gamma,
+                                                const float *__restrict__ beta, float *__restrict__ y,
+                                                int rows, int dim, float eps) {
+    layer_norm(x, gamma, beta, y, rows, dim, eps);
+}
+
+extern "C" __global__ void mosaic_layer_norm_f32_to_bf16(const float *__restrict__ x,
+                                                        const float *__restrict__ gamma,
+                                                        const float *__restrict__ beta,
+                                                        __nv_bfloat16 *__restrict__ y, int rows,
+                                                        int dim, float eps) {
+    layer_norm(x, gamma, beta, y, rows, dim, eps);
+}
+
+// x, dx: [rows, dim] f32, contiguous; g: [rows, dim] f32 or bf16 (G), contiguous; gamma: [dim];
+// part: [gridDim.x, 2, dim] (∂γ, then ∂β, each block's share). Dynamic shared memory: 2·dim
+// floats.
+template <class G>
+__device__ __forceinline__ void layer_norm_backward(const float *__restrict__ x,
+                                                    const float *__restrict__ gamma,
+                                                    const G *__restrict__ g, float *__restrict__ dx,
+                                                    float *__restrict__ part, int rows, int dim,
+                                                    float eps) {
     DYNAMIC_SMEM(smem);
     float *acc = reinterpret_cast<float *>(smem);
     for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) acc[i] = 0.f;
@@ -75,12 +101,12 @@ extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restric
     const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
     for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
         const float *xr = x + (size_t)row * dim;
-        const float *gr = g + (size_t)row * dim;
+        const G *gr = g + (size_t)row * dim;
         float mean, r;
         row_stats(xr, dim, eps, lane, mean, r);
         float a = 0.f, b = 0.f;
         for (int c = lane; c < dim; c += 32) {
-            const float gg = gr[c] * gamma[c];
+            const float gg = to_f32(gr[c]) * gamma[c];
             a += gg;
             b += gg * (xr[c] - mean) * r;
         }
@@ -88,14 +114,32 @@ extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restric
         b = warp_sum(b) / dim;
         float *out = dx + (size_t)row * dim;
         for (int c = lane; c < dim; c += 32) {
-            const float xh = (xr[c] - mean) * r;
-            out[c] = r * (gr[c] * gamma[c] - a - xh * b);
-            atomicAdd(acc + c, gr[c] * xh);
-            atomicAdd(acc + dim + c, gr[c]);
+            const float xh = (xr[c] - mean) * r, gc = to_f32(gr[c]);
+            out[c] = r * (gc * gamma[c] - a - xh * b);
+            atomicAdd(acc + c, gc * xh);
+            atomicAdd(acc + dim + c, gc);
         }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) part[(size_t)blockIdx.x * 2 * dim + i] = acc[i];
+}
+
+extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restrict__ x,
+                                                         const float *__restrict__ gamma,
+                                                         const float *__restrict__ g,
+                                                         float *__restrict__ dx,
+                                                         float *__restrict__ part, int rows,
+                                                         int dim, float eps) {
+    layer_norm_backward(x, gamma, g, dx, part, rows, dim, eps);
+}
+
+extern "C" __global__ void mosaic_layer_norm_backward_bf16_grad(const float *__restrict__ x,
+                                                               const float *__restrict__ gamma,
+                                                               const __nv_bfloat16 *__restrict__ g,
+                                                               float *__restrict__ dx,
+                                                               float *__restrict__ part, int rows,
+                                                               int dim, float eps) {
+    layer_norm_backward(x, gamma, g, dx, part, rows, dim, eps);
 }
 
 // gelu'(x) of the tanh form, gelu(x) = x/2·(1 + tanh(√(2/π)(x + 0.044715x³))).

@@ -1,9 +1,9 @@
 // Runs the kernels of `../elementwise.cu` on the CPU (this folder's emulation of CUDA) against
-// the same mathematics in f64: LayerNorm's forward pass and its backward pass (∂x, and ∂γ, ∂β summed from the
-// blocks' partial rows, as the host does), GELU's (in f32 and in bf16; the derivative itself
-// checked against a central difference of GELU), and a bias added to a bf16 product and its
-// gradient summed over the rows. Prints one line a case and exits 1 if any
-// misses its bound. Built and run by `tests/kernels.rs`.
+// the same mathematics in f64: LayerNorm's forward pass and its backward pass (∂x, and ∂γ, ∂β
+// summed from the blocks' partial rows, as the host does), and both with y and its gradient in
+// bf16; GELU's (in f32 and in bf16; the derivative itself checked against a central difference
+// of GELU), and a bias added to a bf16 product and its gradient summed over the rows. Prints
+// one line a case and exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
 #include "../elementwise.cu"
 #include "check.h"
 
@@ -84,7 +84,39 @@ bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
     const bool forward = report(what, relative(y, y_ref, 1e-6), 1e-5);
     std::snprintf(what, sizeof what, "layer norm backward, %d rows × %d, %u blocks", rows, dim, blocks);
     const double err = std::max({relative(dx, dx_ref, 1e-6), relative(dgamma, dgamma_ref, 1e-6), relative(dbeta, dbeta_ref, 1e-6)});
-    return report(what, err, 1e-4) && forward;
+    const bool backward = report(what, err, 1e-4);
+
+    // For a bf16 product: y written in bf16 must be the f32 y rounded once, and the backward
+    // pass reading a bf16 gradient must give the f32 kernel's ∂x from the same values, bit for
+    // bit (what a cast after the norm and one before its backward pass gave); its ∂γ and ∂β
+    // too, up to the order in which a block's atomics add.
+    std::vector<__nv_bfloat16> y_b(x.size()), g_b(x.size());
+    for (size_t i = 0; i < g.size(); ++i) g_b[i] = __float2bfloat16(g[i]);
+    std::vector<float> g_wide(x.size()), dx_wide(x.size()), part_wide(part.size());
+    for (size_t i = 0; i < g.size(); ++i) g_wide[i] = __bfloat162float(g_b[i]);
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 0, [&] {
+        mosaic_layer_norm_f32_to_bf16(x.data(), gamma.data(), beta.data(), y_b.data(), rows, dim, eps);
+    });
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 2 * dim * sizeof(float), [&] {
+        mosaic_layer_norm_backward_f32(x.data(), gamma.data(), g_wide.data(), dx_wide.data(), part_wide.data(), rows, dim, eps);
+    });
+    std::fill(dx.begin(), dx.end(), NAN);
+    std::fill(part.begin(), part.end(), NAN);
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 2 * dim * sizeof(float), [&] {
+        mosaic_layer_norm_backward_bf16_grad(x.data(), gamma.data(), g_b.data(), dx.data(), part.data(), rows, dim, eps);
+    });
+    auto bits = [](float v) { return std::bit_cast<uint32_t>(v); };
+    size_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        differ += bits(__bfloat162float(y_b[i])) != bits(__bfloat162float(__float2bfloat16(y[i])));
+        differ += bits(dx[i]) != bits(dx_wide[i]);
+    }
+    std::snprintf(what, sizeof what, "layer norm in bf16, %d rows × %d: y and ∂x values differing", rows, dim);
+    const bool same = report(what, double(differ), 0.5);
+    std::snprintf(what, sizeof what, "layer norm in bf16, %d rows × %d: ∂γ, ∂β partials", rows, dim);
+    const std::vector<double> wide(part_wide.begin(), part_wide.end());
+    const bool partials = report(what, relative(part, wide, 1e-6), 1e-5);
+    return forward && backward && same && partials;
 }
 
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }

@@ -26,14 +26,24 @@ pub fn layer_norm_fits(dim: usize) -> bool {
     dim > 0 && 2 * dim * 4 <= SMEM_LIMIT
 }
 
-/// `y = LayerNorm(x)·γ + β` over the last dimension of `x` (f32; variance guard `eps`), as one
-/// node of the tapes of x, γ and β whose backward pass is [`layer_norm_backward`].
-pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
-    x.contiguous()?.apply_op3(gamma, beta, LayerNormOp { eps })
+/// `y = LayerNorm(x)·γ + β` over the last dimension of `x` (f32; variance guard `eps`), `y` in
+/// `out` (f32, or bf16 for a norm whose output feeds a bf16 product: rounded once, as a cast
+/// after it would, without the cast's pass over the tensor), as one node of the tapes of x, γ
+/// and β whose backward pass is [`layer_norm_backward`].
+pub fn layer_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+    out: DType,
+) -> Result<Tensor> {
+    x.contiguous()?
+        .apply_op3(gamma, beta, LayerNormOp { eps, out })
 }
 
 struct LayerNormOp {
     eps: f64,
+    out: DType,
 }
 
 impl CustomOp3 for LayerNormOp {
@@ -78,9 +88,22 @@ impl CustomOp3 for LayerNormOp {
         let dev = x.device().clone();
         let stream = dev.cuda_stream();
         // SAFETY: the kernel writes every element before anything reads it.
-        let y = CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(rows * dim) }?, dev.clone());
+        let (y, name) = match self.out {
+            DType::F32 => (
+                CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(rows * dim) }?, dev.clone()),
+                "mosaic_layer_norm_f32",
+            ),
+            DType::BF16 => (
+                CudaStorage::wrap_cuda_slice(
+                    unsafe { dev.alloc::<half::bf16>(rows * dim) }?,
+                    dev.clone(),
+                ),
+                "mosaic_layer_norm_f32_to_bf16",
+            ),
+            other => bail!("the LayerNorm kernel writes f32 or bf16, not {other:?}"),
+        };
         if rows > 0 {
-            let func = kernel(&dev, &ELEMENTWISE, "mosaic_layer_norm_f32", 0)?;
+            let func = kernel(&dev, &ELEMENTWISE, name, 0)?;
             let (x_at, gamma_at, beta_at, y_at) = (
                 storage_address(x, x_layout, &stream)?,
                 storage_address(gamma, gamma_layout, &stream)?,
@@ -106,9 +129,10 @@ impl CustomOp3 for LayerNormOp {
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: the arguments match `mosaic_layer_norm_f32`'s (four device addresses, two
-            // i32, an f32); x and y hold rows·dim f32 and γ, β dim each, contiguous, alive past
-            // the launch in stream order.
+            // SAFETY: the arguments match `mosaic_layer_norm_f32`'s and
+            // `mosaic_layer_norm_f32_to_bf16`'s (four device addresses, two i32, an f32); x
+            // holds rows·dim f32, y rows·dim of the kernel's output type and γ, β dim f32 each,
+            // contiguous, alive past the launch in stream order.
             unsafe { launch.launch(config) }.w()?;
         }
         Ok((y, shape.clone()))
@@ -157,8 +181,8 @@ impl CustomOp1 for GeluOp {
 }
 
 /// The gradients `(∂x, ∂γ, ∂β)` of `y = LayerNorm(x)·γ + β` over the last dimension (f32, rows
-/// that [`layer_norm_fits`], variance guard `eps`) given `g = ∂loss/∂y`, as
-/// `nn::layer_norm_backward` composes them; ∂x in `x`'s shape.
+/// that [`layer_norm_fits`], variance guard `eps`) given `g = ∂loss/∂y` (read as it comes in
+/// bf16, else in f32), as `nn::layer_norm_backward` composes them; ∂x in `x`'s shape.
 fn layer_norm_backward(
     x: &Tensor,
     gamma: &Tensor,
@@ -170,13 +194,19 @@ fn layer_norm_backward(
     let rows = x.elem_count() / dim.max(1);
     // The op's forward pass checked the dtypes and the width.
     let x = x.detach().contiguous()?;
-    let g = g.to_dtype(DType::F32)?.contiguous()?;
+    let (g, name) = match g.dtype() {
+        DType::BF16 => (g.contiguous()?, "mosaic_layer_norm_backward_bf16_grad"),
+        _ => (
+            g.to_dtype(DType::F32)?.contiguous()?,
+            "mosaic_layer_norm_backward_f32",
+        ),
+    };
     let gamma = gamma.detach().to_dtype(DType::F32)?.contiguous()?;
     let dx = Tensor::zeros(x.shape(), DType::F32, x.device())?;
     let blocks = rows.div_ceil((THREADS / 32) as usize).clamp(1, MAX_BLOCKS);
     let part = Tensor::zeros((blocks, 2, dim), DType::F32, x.device())?;
     if rows > 0 {
-        let func = kernel(dev, &ELEMENTWISE, "mosaic_layer_norm_backward_f32", 0)?;
+        let func = kernel(dev, &ELEMENTWISE, name, 0)?;
         let stream = dev.cuda_stream();
         let at = |t: &Tensor| address(t, &stream);
         let (x_at, gamma_at, g_at, dx_at, part_at) =
@@ -197,9 +227,10 @@ fn layer_norm_backward(
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: (2 * dim * 4) as u32,
         };
-        // SAFETY: the arguments match `mosaic_layer_norm_backward_f32`'s (five device
-        // addresses, two i32, an f32); x, g and dx hold rows·dim f32, γ dim and the partials
-        // blocks·2·dim, all contiguous, alive past the launch in stream order.
+        // SAFETY: the arguments match `mosaic_layer_norm_backward_f32`'s and
+        // `mosaic_layer_norm_backward_bf16_grad`'s (five device addresses, two i32, an f32); x
+        // and dx hold rows·dim f32, g rows·dim of the kernel's gradient type, γ dim and the
+        // partials blocks·2·dim f32, all contiguous, alive past the launch in stream order.
         unsafe { launch.launch(config) }.w()?;
     }
     let sums = part.sum(0)?; // [2, dim]

@@ -150,6 +150,7 @@ fn time_pieces(
         Var::from_tensor(&x.to_dtype(dtype)?)
     };
     let x = var(&[batch, tokens, dim], 1.0, DType::F32)?;
+    let normed = var(&[batch, tokens, dim], 1.0, dtype)?; // a norm's output, as products read it
     let y = var(&[batch, tokens, dim], 1.0, dtype)?;
     let heads_shape = [batch, heads, tokens, hd];
     let q = var(&heads_shape, (hd as f64).powf(-0.5), dtype)?;
@@ -168,11 +169,11 @@ fn time_pieces(
     let projections_flop = 2.0 * rows * dim_f * 4.0 * dim_f;
     let mlp_flop = 4.0 * rows * dim_f * mlp_f;
     let mut pieces: Vec<Piece> = vec![
-        ("layer norm", 0.0, Box::new(|| ln.forward(&x))),
+        ("layer norm", 0.0, Box::new(|| ln.forward_in(&x, dtype))),
         (
             "qkv projection",
             2.0 * rows * dim_f * 3.0 * dim_f,
-            Box::new(|| qkv.forward_in_compute(&x)),
+            Box::new(|| qkv.forward_in_compute(&normed)),
         ),
     ];
     if flash::attention(&stacked, causal)?.is_some() {
@@ -199,7 +200,7 @@ fn time_pieces(
         (
             "MLP",
             mlp_flop,
-            Box::new(|| fc2.forward_in_compute(&gelu(&fc1.forward_in_compute(&x)?)?)),
+            Box::new(|| fc2.forward_in_compute(&gelu(&fc1.forward_in_compute(&normed)?)?)),
         ),
         (
             "block",

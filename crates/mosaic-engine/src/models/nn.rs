@@ -219,14 +219,34 @@ impl LayerNorm {
     /// Applies the normalisation. On a CUDA device, the engine's kernels forward and backward
     /// ([`crate::kernels::elementwise::layer_norm`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_in(x, DType::F32)
+    }
+
+    /// Applies the normalisation with the result in `dtype`: the products' dtype for a norm
+    /// that feeds a product, which then casts nothing. On a CUDA device the kernel writes it
+    /// in bf16 and its backward pass reads the gradient in bf16 (no cast either way); elsewhere
+    /// the result is cast, the same values.
+    pub fn forward_in(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
         #[cfg(mosaic_gpu)]
         if x.device().is_cuda()
             && x.dtype() == DType::F32
+            && matches!(dtype, DType::F32 | DType::BF16)
             && crate::kernels::elementwise::layer_norm_fits(x.dim(D::Minus1)?)
             && crate::kernels::fused()
         {
-            return crate::kernels::elementwise::layer_norm(x, &self.gamma, &self.beta, LN_EPS);
+            return crate::kernels::elementwise::layer_norm(
+                x,
+                &self.gamma,
+                &self.beta,
+                LN_EPS,
+                dtype,
+            );
         }
+        self.forward_candle(x)?.to_dtype(dtype)
+    }
+
+    /// candle-nn's fused forward kernel with [`layer_norm_backward`] as its backward pass.
+    fn forward_candle(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         let y = candle_nn::ops::layer_norm(
             &x.detach(),
@@ -529,8 +549,16 @@ impl Block {
     /// The residual stream and the norms run in f32; the MLP's hidden activations stay in the
     /// products' dtype (bf16 on a GPU, as under autocast), its GELU too.
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let x = (x + self.attn.forward_masked(&self.ln1.forward(x)?, mask)?)?;
-        let h = gelu(&self.fc1.forward_in_compute(&self.ln2.forward(&x)?)?)?;
+        // Each norm feeds a product: its output in the products' dtype.
+        let compute = self.fc1.compute;
+        let x = (x + self
+            .attn
+            .forward_masked(&self.ln1.forward_in(x, compute)?, mask)?)?;
+        let h = gelu(
+            &self
+                .fc1
+                .forward_in_compute(&self.ln2.forward_in(&x, compute)?)?,
+        )?;
         &x + self.fc2.forward_in_compute(&h)?.to_dtype(DType::F32)?
     }
 }
