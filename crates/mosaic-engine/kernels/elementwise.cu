@@ -71,19 +71,15 @@ __device__ __forceinline__ void layer_norm(const float *__restrict__ x, const fl
     }
 }
 
-extern "C" __global__ void mosaic_layer_norm_f32(const float *__restrict__ x, const float *__restrict__ gamma,
-                                                const float *__restrict__ beta, float *__restrict__ y,
-                                                int rows, int dim, float eps) {
-    layer_norm(x, gamma, beta, y, rows, dim, eps);
-}
-
-extern "C" __global__ void mosaic_layer_norm_f32_to_bf16(const float *__restrict__ x,
-                                                        const float *__restrict__ gamma,
-                                                        const float *__restrict__ beta,
-                                                        __nv_bfloat16 *__restrict__ y, int rows,
-                                                        int dim, float eps) {
-    layer_norm(x, gamma, beta, y, rows, dim, eps);
-}
+// The entry point NAME of `layer_norm` writing Y.
+#define LAYER_NORM(NAME, Y)                                                                       \
+    extern "C" __global__ void NAME(const float *__restrict__ x, const float *__restrict__ gamma,  \
+                                    const float *__restrict__ beta, Y *__restrict__ y, int rows,   \
+                                    int dim, float eps) {                                          \
+        layer_norm(x, gamma, beta, y, rows, dim, eps);                                             \
+    }
+LAYER_NORM(mosaic_layer_norm_f32, float)
+LAYER_NORM(mosaic_layer_norm_f32_to_bf16, __nv_bfloat16)
 
 // x, dx: [rows, dim] f32, contiguous; g: [rows, dim] f32 or bf16 (G), contiguous; gamma: [dim];
 // part: [gridDim.x, 2, dim] (∂γ, then ∂β, each block's share). Dynamic shared memory: 2·dim
@@ -124,23 +120,15 @@ __device__ __forceinline__ void layer_norm_backward(const float *__restrict__ x,
     for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) part[(size_t)blockIdx.x * 2 * dim + i] = acc[i];
 }
 
-extern "C" __global__ void mosaic_layer_norm_backward_f32(const float *__restrict__ x,
-                                                         const float *__restrict__ gamma,
-                                                         const float *__restrict__ g,
-                                                         float *__restrict__ dx,
-                                                         float *__restrict__ part, int rows,
-                                                         int dim, float eps) {
-    layer_norm_backward(x, gamma, g, dx, part, rows, dim, eps);
-}
-
-extern "C" __global__ void mosaic_layer_norm_backward_bf16_grad(const float *__restrict__ x,
-                                                               const float *__restrict__ gamma,
-                                                               const __nv_bfloat16 *__restrict__ g,
-                                                               float *__restrict__ dx,
-                                                               float *__restrict__ part, int rows,
-                                                               int dim, float eps) {
-    layer_norm_backward(x, gamma, g, dx, part, rows, dim, eps);
-}
+// The entry point NAME of `layer_norm_backward` reading a gradient of G.
+#define LAYER_NORM_BACKWARD(NAME, G)                                                              \
+    extern "C" __global__ void NAME(const float *__restrict__ x, const float *__restrict__ gamma,  \
+                                    const G *__restrict__ g, float *__restrict__ dx,               \
+                                    float *__restrict__ part, int rows, int dim, float eps) {      \
+        layer_norm_backward(x, gamma, g, dx, part, rows, dim, eps);                                \
+    }
+LAYER_NORM_BACKWARD(mosaic_layer_norm_backward_f32, float)
+LAYER_NORM_BACKWARD(mosaic_layer_norm_backward_bf16_grad, __nv_bfloat16)
 
 // gelu'(x) of the tanh form, gelu(x) = x/2·(1 + tanh(√(2/π)(x + 0.044715x³))).
 __device__ __forceinline__ float gelu_grad(float x) {
