@@ -17,7 +17,8 @@
 // - A Linear layer's bias on its bf16 product, and the bias's gradient: candle's broadcast add
 //   and the sum over rows behind its backward pass find every element through 64-bit divisions
 //   and mod, and that sum reads one column at a time (a 2-byte read per 32-byte sector) and
-//   accumulates in bf16; here threads read along rows and sum in f32.
+//   accumulates in bf16; here threads read along rows and sum in f32. Where a residual
+//   connection follows the layer, the bias and the add into the f32 stream are one pass.
 //
 // Compiled to a fatbin by the engine's build script for the GPU build only; `kernels/emulated/`
 // runs this source on a CPU for the tests.
@@ -164,6 +165,23 @@ extern "C" __global__ void mosaic_bias_add_bf16(const __nv_bfloat16 *__restrict_
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
         const size_t i = (size_t)r * cols + c;
         out[i] = __float2bfloat16(__bfloat162float(y[i]) + b);
+    }
+}
+
+// A residual connection after a Linear layer: out = x + (y + bias) over the rows of a
+// contiguous [rows, cols] bf16 product y, into the f32 residual stream x. y + bias is rounded to
+// bf16 first, as `mosaic_bias_add_bf16` stores it, so the values are those of the bias add, a
+// cast to f32 and an add, which took three passes and kept two more tensors on the tape.
+extern "C" __global__ void mosaic_residual_bias_add_bf16(const float *__restrict__ x,
+                                                        const __nv_bfloat16 *__restrict__ y,
+                                                        const float *__restrict__ bias,
+                                                        float *__restrict__ out, int rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const float b = bias[c];
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const size_t i = (size_t)r * cols + c;
+        out[i] = x[i] + __bfloat162float(__float2bfloat16(__bfloat162float(y[i]) + b));
     }
 }
 

@@ -2,8 +2,9 @@
 // the same mathematics in f64: LayerNorm's forward pass and its backward pass (∂x, and ∂γ, ∂β
 // summed from the blocks' partial rows, as the host does), and both with y and its gradient in
 // bf16; GELU's (in f32 and in bf16; the derivative itself checked against a central difference
-// of GELU), and a bias added to a bf16 product and its gradient summed over the rows. Prints
-// one line a case and exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
+// of GELU), and a bias added to a bf16 product (alone, and with a residual connection) and its
+// gradient summed over the rows. Prints one line a case and exits 1 if any misses its bound.
+// Built and run by `tests/kernels.rs`.
 #include "../elementwise.cu"
 #include "check.h"
 
@@ -182,7 +183,20 @@ bool bias(int rows, int cols, unsigned gy, unsigned seed) {
     std::snprintf(what, sizeof what, "bias add, %d rows × %d, %u row blocks", rows, cols, gy);
     const bool add = report(what, relative(got, out_ref, 1e-6), 1e-2);
     std::snprintf(what, sizeof what, "bias gradient, %d rows × %d, %u row blocks", rows, cols, gy);
-    return add && report(what, relative(sums, sums_ref, 1e-6), 1e-5);
+    const bool gradient = report(what, relative(sums, sums_ref, 1e-6), 1e-5);
+
+    // The same bias with a residual connection into an f32 stream x: the bias add's output
+    // (above) cast to f32 and added to x, bit for bit; every element written.
+    std::vector<float> x(y.size()), sum(y.size(), NAN);
+    for (auto &v : x) v = 3.f * normal(rng);
+    emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] {
+        mosaic_residual_bias_add_bf16(x.data(), y.data(), b.data(), sum.data(), rows, cols);
+    });
+    size_t differ = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+        differ += std::bit_cast<uint32_t>(sum[i]) != std::bit_cast<uint32_t>(x[i] + __bfloat162float(out[i]));
+    std::snprintf(what, sizeof what, "residual bias add, %d rows × %d: values differing", rows, cols);
+    return add && gradient && report(what, double(differ), 0.5);
 }
 
 }  // namespace

@@ -2,11 +2,14 @@
 //! pass by a custom op of candle's (the output is the op's own storage, no copy), its gradient
 //! the rows' sums in f32, read along the rows. candle's broadcast add and the row sum behind its
 //! backward pass index every element through 64-bit divisions, and that sum reads a column at a
-//! time and accumulates in bf16.
+//! time and accumulates in bf16. Where a residual connection follows the layer, the bias and
+//! the add into the f32 residual stream are one op ([`residual_bias_add`]).
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{
+    bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
 
 use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
 
@@ -86,19 +89,10 @@ impl CustomOp2 for BiasAdd {
                 .arg(&out_at)
                 .arg(&rows_i)
                 .arg(&cols_i);
-            let config = LaunchConfig {
-                grid_dim: (
-                    cols.div_ceil(THREADS as usize) as u32,
-                    rows.min(ROW_BLOCKS) as u32,
-                    1,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             // SAFETY: the arguments match `mosaic_bias_add_bf16`'s (three device addresses, two
             // i32); y and out hold rows·cols bf16 and the bias cols f32, contiguous, alive past
             // the launch in stream order.
-            unsafe { launch.launch(config) }.w()?;
+            unsafe { launch.launch(grid(rows, cols)) }.w()?;
         }
         Ok((out, y_layout.shape().clone()))
     }
@@ -111,6 +105,115 @@ impl CustomOp2 for BiasAdd {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         Ok((Some(g.clone()), Some(column_sums(g)?)))
+    }
+}
+
+/// `x + (y + bias)` with `x` the f32 residual stream `[rows, cols]`, `y` a bf16 product of the
+/// same shape and `bias` f32 `[cols]`, all contiguous; `y + bias` rounded to bf16 as
+/// [`bias_add`] stores it, so the values are `x + bias_add(y, bias)` cast to f32, in one pass
+/// where that took three. A node of the three tapes: the gradient passes to `x` as it is, to
+/// `y` in bf16 and to `bias` as the column sums of that.
+pub fn residual_bias_add(x: &Tensor, y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    x.apply_op3(y, bias, ResidualBiasAdd)
+}
+
+struct ResidualBiasAdd;
+
+impl CustomOp3 for ResidualBiasAdd {
+    fn name(&self) -> &'static str {
+        "residual_bias_add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        bail!("residual_bias_add runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        x_layout: &Layout,
+        y: &CudaStorage,
+        y_layout: &Layout,
+        bias: &CudaStorage,
+        bias_layout: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (rows, cols) = dims(y_layout, y.dtype(), bias_layout, bias.dtype())?;
+        if x.dtype() != DType::F32
+            || x_layout.shape() != y_layout.shape()
+            || !x_layout.is_contiguous()
+        {
+            bail!(
+                "residual_bias_add: a contiguous f32 residual of the product's shape {:?}, not                  {:?} {:?}",
+                y_layout.shape(),
+                x.dtype(),
+                x_layout.shape()
+            )
+        }
+        let dev = y.device().clone();
+        let stream = dev.cuda_stream();
+        // SAFETY: every element is written by the kernel below before anything reads it.
+        let out = unsafe { dev.alloc::<f32>(rows * cols) }?;
+        let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
+        if rows * cols > 0 {
+            let func = kernel(&dev, &ELEMENTWISE, "mosaic_residual_bias_add_bf16", 0)?;
+            let out_layout = Layout::contiguous(y_layout.shape());
+            let (x_at, y_at, bias_at, out_at) = (
+                storage_address(x, x_layout, &stream)?,
+                storage_address(y, y_layout, &stream)?,
+                storage_address(bias, bias_layout, &stream)?,
+                storage_address(&out, &out_layout, &stream)?,
+            );
+            let (rows_i, cols_i) = (rows as i32, cols as i32);
+            let mut launch = stream.launch_builder(&func);
+            launch
+                .arg(&x_at)
+                .arg(&y_at)
+                .arg(&bias_at)
+                .arg(&out_at)
+                .arg(&rows_i)
+                .arg(&cols_i);
+            // SAFETY: the arguments match `mosaic_residual_bias_add_bf16`'s (four device
+            // addresses, two i32); x and out hold rows·cols f32, y rows·cols bf16 and the bias
+            // cols f32, contiguous, alive past the launch in stream order.
+            unsafe { launch.launch(grid(rows, cols)) }.w()?;
+        }
+        Ok((out, y_layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _y: &Tensor,
+        _bias: &Tensor,
+        _out: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g_product = g.to_dtype(DType::BF16)?;
+        let d_bias = column_sums(&g_product)?;
+        Ok((Some(g.clone()), Some(g_product), Some(d_bias)))
+    }
+}
+
+/// The grid of the bias kernels over a `[rows, cols]` product: threads along the columns,
+/// blocks down the rows.
+fn grid(rows: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            cols.div_ceil(THREADS as usize) as u32,
+            rows.min(ROW_BLOCKS) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
 

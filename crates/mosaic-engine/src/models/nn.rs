@@ -164,17 +164,43 @@ impl Linear {
     /// product or an elementwise op that keeps the dtype, which so skip an f32 copy of it
     /// (three passes over an f32 tensor where this takes one over a bf16 one).
     pub fn forward_in_compute(&self, x: &Tensor) -> Result<Tensor> {
+        let (product, out_shape) = self.product(x)?;
+        add_bias(&product, &self.bias)?.reshape(out_shape)
+    }
+
+    /// `residual + layer(x)`, in f32 (`residual` is an f32 stream of the output's shape): on a
+    /// CUDA device, for a bf16 product, the bias and the add are one pass
+    /// ([`crate::kernels::bias::residual_bias_add`]); elsewhere the layer's output is cast and
+    /// added, the same values.
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let (product, out_shape) = self.product(x)?;
+        #[cfg(mosaic_gpu)]
+        if product.device().is_cuda()
+            && product.dtype() == DType::BF16
+            && residual.dtype() == DType::F32
+            && crate::kernels::fused()
+        {
+            let residual = residual.contiguous()?.reshape(product.shape())?;
+            return crate::kernels::bias::residual_bias_add(&residual, &product, &self.bias)?
+                .reshape(out_shape);
+        }
+        residual
+            + add_bias(&product, &self.bias)?
+                .reshape(out_shape)?
+                .to_dtype(DType::F32)?
+    }
+
+    /// `x · Wᵀ` over the rows of `x` (`[…, inputs]`) in the products' dtype, `[rows,
+    /// outputs]`, and the shape of the layer's output (`[…, outputs]`).
+    fn product(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
         let dims = x.dims();
         let inputs = dims[dims.len() - 1];
         let rows = x.elem_count() / inputs;
         let mut out_shape = dims.to_vec();
         *out_shape.last_mut().unwrap() = self.weight.dim(0)?;
         let x = x.reshape((rows, inputs))?.to_dtype(self.compute)?;
-        add_bias(
-            &x.matmul(&self.weight.to_dtype(self.compute)?.t()?)?,
-            &self.bias,
-        )?
-        .reshape(out_shape)
+        let product = x.matmul(&self.weight.to_dtype(self.compute)?.t()?)?;
+        Ok((product, out_shape))
     }
 }
 
@@ -390,6 +416,25 @@ impl Attention {
     /// [`MASKED`] where it may not; see [`super::packed`]). A causal layer also masks later
     /// positions. A row masked everywhere gets uniform weights, never NaN.
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.out
+            .forward_in_compute(&self.attend(x, mask)?)?
+            .to_dtype(DType::F32)
+    }
+
+    /// `residual + attention(x)` (see [`Attention::forward_masked`]), the output projection's
+    /// bias and the add one pass on a GPU ([`Linear::forward_residual`]).
+    pub fn forward_residual(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.out.forward_residual(&self.attend(x, mask)?, residual)
+    }
+
+    /// The heads' outputs side by side, `[batch, tokens, dim]` in the products' dtype: what
+    /// the output projection reads.
+    fn attend(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t, dim) = x.dims3()?;
         let hd = dim / self.heads;
         // Everything from the projection to the output stays in the products' dtype (bf16 on
@@ -419,8 +464,7 @@ impl Attention {
                 y.transpose(1, 2)? // from [b, heads, t, hd]
             }
         };
-        let y = y.reshape((b, t, dim))?;
-        self.out.forward_in_compute(&y)?.to_dtype(DType::F32)
+        y.reshape((b, t, dim))
     }
 }
 
@@ -551,15 +595,12 @@ impl Block {
     pub fn forward_masked(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         // Each norm feeds a product: its output in the products' dtype.
         let compute = self.fc1.compute;
-        let x = (x + self
-            .attn
-            .forward_masked(&self.ln1.forward_in(x, compute)?, mask)?)?;
-        let h = gelu(
-            &self
-                .fc1
-                .forward_in_compute(&self.ln2.forward_in(&x, compute)?)?,
-        )?;
-        &x + self.fc2.forward_in_compute(&h)?.to_dtype(DType::F32)?
+        let normed = self.ln1.forward_in(x, compute)?;
+        let x = self.attn.forward_residual(&normed, x, mask)?;
+        let normed = self.ln2.forward_in(&x, compute)?;
+        let h = gelu(&self.fc1.forward_in_compute(&normed)?)?;
+        // Each product ends in a residual connection: its bias and the add one pass on a GPU.
+        self.fc2.forward_residual(&h, &x)
     }
 }
 
