@@ -153,36 +153,37 @@ extern "C" __global__ void mosaic_gelu_backward_bf16(const __nv_bfloat16 *__rest
         dx[i] = __float2bfloat16(__bfloat162float(g[i]) * gelu_grad(__bfloat162float(x[i])));
 }
 
-// A Linear layer's bias: out = y + bias over the rows of a contiguous [rows, cols] bf16 product,
-// the add in f32. Threads run along a row (x: columns), blocks down the rows (y), so that no
-// index is divided.
-extern "C" __global__ void mosaic_bias_add_bf16(const __nv_bfloat16 *__restrict__ y,
-                                               const float *__restrict__ bias,
-                                               __nv_bfloat16 *__restrict__ out, int rows, int cols) {
+// Each element i of a contiguous [rows, cols] bf16 product y with its column's bias added,
+// the add in f32 and rounded to bf16: store(i, y[i] + bias[c]). Threads run along a row (x:
+// columns), blocks down the rows (y), so that no index is divided.
+template <class Store>
+__device__ __forceinline__ void biased(const __nv_bfloat16 *__restrict__ y, const float *__restrict__ bias,
+                                       int rows, int cols, Store store) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     const float b = bias[c];
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
         const size_t i = (size_t)r * cols + c;
-        out[i] = __float2bfloat16(__bfloat162float(y[i]) + b);
+        store(i, __float2bfloat16(__bfloat162float(y[i]) + b));
     }
 }
 
-// A residual connection after a Linear layer: out = x + (y + bias) over the rows of a
-// contiguous [rows, cols] bf16 product y, into the f32 residual stream x. y + bias is rounded to
-// bf16 first, as `mosaic_bias_add_bf16` stores it, so the values are those of the bias add, a
-// cast to f32 and an add, which took three passes and kept two more tensors on the tape.
+// A Linear layer's bias: out = y + bias.
+extern "C" __global__ void mosaic_bias_add_bf16(const __nv_bfloat16 *__restrict__ y,
+                                               const float *__restrict__ bias,
+                                               __nv_bfloat16 *__restrict__ out, int rows, int cols) {
+    biased(y, bias, rows, cols, [&](size_t i, __nv_bfloat16 v) { out[i] = v; });
+}
+
+// A residual connection after a Linear layer: out = x + (y + bias), into the f32 residual
+// stream x, y + bias rounded to bf16 as `mosaic_bias_add_bf16` stores it, so the values are
+// those of the bias add, a cast to f32 and an add, which took three passes and kept two more
+// tensors on the tape.
 extern "C" __global__ void mosaic_residual_bias_add_bf16(const float *__restrict__ x,
                                                         const __nv_bfloat16 *__restrict__ y,
                                                         const float *__restrict__ bias,
                                                         float *__restrict__ out, int rows, int cols) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    const float b = bias[c];
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
-        const size_t i = (size_t)r * cols + c;
-        out[i] = x[i] + __bfloat162float(__float2bfloat16(__bfloat162float(y[i]) + b));
-    }
+    biased(y, bias, rows, cols, [&](size_t i, __nv_bfloat16 v) { out[i] = x[i] + __bfloat162float(v); });
 }
 
 // The bias's gradient in part: part[blockIdx.y, c] = Σ g[r, c] over the rows r ≡ blockIdx.y

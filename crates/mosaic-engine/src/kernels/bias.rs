@@ -5,8 +5,8 @@
 //! time and accumulates in bf16. Where a residual connection follows the layer, the bias and
 //! the add into the f32 residual stream are one op ([`residual_bias_add`]).
 
-use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{
     bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
@@ -68,32 +68,10 @@ impl CustomOp2 for BiasAdd {
     ) -> Result<(CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
         let (rows, cols) = dims(y_layout, y.dtype(), bias_layout, bias.dtype())?;
-        let dev = y.device().clone();
-        let stream = dev.cuda_stream();
-        // SAFETY: every element is written by the kernel below before anything reads it.
-        let out = unsafe { dev.alloc::<half::bf16>(rows * cols) }?;
-        let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
-        if rows * cols > 0 {
-            let func = kernel(&dev, &ELEMENTWISE, "mosaic_bias_add_bf16", 0)?;
-            let out_layout = Layout::contiguous(y_layout.shape());
-            let (y_at, bias_at, out_at) = (
-                storage_address(y, y_layout, &stream)?,
-                storage_address(bias, bias_layout, &stream)?,
-                storage_address(&out, &out_layout, &stream)?,
-            );
-            let (rows_i, cols_i) = (rows as i32, cols as i32);
-            let mut launch = stream.launch_builder(&func);
-            launch
-                .arg(&y_at)
-                .arg(&bias_at)
-                .arg(&out_at)
-                .arg(&rows_i)
-                .arg(&cols_i);
-            // SAFETY: the arguments match `mosaic_bias_add_bf16`'s (three device addresses, two
-            // i32); y and out hold rows·cols bf16 and the bias cols f32, contiguous, alive past
-            // the launch in stream order.
-            unsafe { launch.launch(grid(rows, cols)) }.w()?;
-        }
+        let inputs = [(y, y_layout), (bias, bias_layout)];
+        // SAFETY: `mosaic_bias_add_bf16` takes y, bias and a bf16 output: y holds rows·cols
+        // bf16 and the bias cols f32 (checked above).
+        let out = unsafe { run_biased::<half::bf16>("mosaic_bias_add_bf16", &inputs, rows, cols) }?;
         Ok((out, y_layout.shape().clone()))
     }
 
@@ -152,40 +130,18 @@ impl CustomOp3 for ResidualBiasAdd {
             || !x_layout.is_contiguous()
         {
             bail!(
-                "residual_bias_add: a contiguous f32 residual of the product's shape {:?}, not                  {:?} {:?}",
+                "residual_bias_add: a contiguous f32 residual of the product's shape {:?}, not \
+                 {:?} {:?}",
                 y_layout.shape(),
                 x.dtype(),
                 x_layout.shape()
             )
         }
-        let dev = y.device().clone();
-        let stream = dev.cuda_stream();
-        // SAFETY: every element is written by the kernel below before anything reads it.
-        let out = unsafe { dev.alloc::<f32>(rows * cols) }?;
-        let out = CudaStorage::wrap_cuda_slice(out, dev.clone());
-        if rows * cols > 0 {
-            let func = kernel(&dev, &ELEMENTWISE, "mosaic_residual_bias_add_bf16", 0)?;
-            let out_layout = Layout::contiguous(y_layout.shape());
-            let (x_at, y_at, bias_at, out_at) = (
-                storage_address(x, x_layout, &stream)?,
-                storage_address(y, y_layout, &stream)?,
-                storage_address(bias, bias_layout, &stream)?,
-                storage_address(&out, &out_layout, &stream)?,
-            );
-            let (rows_i, cols_i) = (rows as i32, cols as i32);
-            let mut launch = stream.launch_builder(&func);
-            launch
-                .arg(&x_at)
-                .arg(&y_at)
-                .arg(&bias_at)
-                .arg(&out_at)
-                .arg(&rows_i)
-                .arg(&cols_i);
-            // SAFETY: the arguments match `mosaic_residual_bias_add_bf16`'s (four device
-            // addresses, two i32); x and out hold rows·cols f32, y rows·cols bf16 and the bias
-            // cols f32, contiguous, alive past the launch in stream order.
-            unsafe { launch.launch(grid(rows, cols)) }.w()?;
-        }
+        let inputs = [(x, x_layout), (y, y_layout), (bias, bias_layout)];
+        // SAFETY: `mosaic_residual_bias_add_bf16` takes x, y, bias and an f32 output: x holds
+        // rows·cols f32, y rows·cols bf16 and the bias cols f32 (checked above).
+        let out =
+            unsafe { run_biased::<f32>("mosaic_residual_bias_add_bf16", &inputs, rows, cols) }?;
         Ok((out, y_layout.shape().clone()))
     }
 
@@ -203,10 +159,45 @@ impl CustomOp3 for ResidualBiasAdd {
     }
 }
 
-/// The grid of the bias kernels over a `[rows, cols]` product: threads along the columns,
-/// blocks down the rows.
-fn grid(rows: usize, cols: usize) -> LaunchConfig {
-    LaunchConfig {
+/// Runs the bias kernel `name` over a `[rows, cols]` product on the inputs' device and stream,
+/// into a fresh contiguous `[rows, cols]` output of `T`: the kernel's arguments are the inputs'
+/// device addresses, the output's, then rows and cols (i32); threads along the columns, blocks
+/// down the rows. The kernel writes every element of the output.
+///
+/// # Safety
+///
+/// `inputs` must be the kernel's input parameters, in order, each holding what the kernel
+/// reads there, and `T` its output's element type.
+unsafe fn run_biased<T: CudaDType + DeviceRepr>(
+    name: &str,
+    inputs: &[(&CudaStorage, &Layout)],
+    rows: usize,
+    cols: usize,
+) -> Result<CudaStorage> {
+    use candle_core::backend::BackendStorage;
+    let dev = inputs[0].0.device().clone();
+    // SAFETY: every element is written by the kernel below before anything reads it.
+    let out = CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<T>(rows * cols) }?, dev.clone());
+    if rows * cols == 0 {
+        return Ok(out);
+    }
+    let stream = dev.cuda_stream();
+    let mut at = (inputs.iter())
+        .map(|(storage, layout)| storage_address(storage, layout, &stream))
+        .collect::<Result<Vec<u64>>>()?;
+    at.push(storage_address(
+        &out,
+        &Layout::contiguous((rows, cols)),
+        &stream,
+    )?);
+    let func = kernel(&dev, &ELEMENTWISE, name, 0)?;
+    let (rows_i, cols_i) = (rows as i32, cols as i32);
+    let mut launch = stream.launch_builder(&func);
+    for address in &at {
+        launch.arg(address);
+    }
+    launch.arg(&rows_i).arg(&cols_i);
+    let config = LaunchConfig {
         grid_dim: (
             cols.div_ceil(THREADS as usize) as u32,
             rows.min(ROW_BLOCKS) as u32,
@@ -214,7 +205,11 @@ fn grid(rows: usize, cols: usize) -> LaunchConfig {
         ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
-    }
+    };
+    // SAFETY: the caller vouches for the inputs and the output's type; the output holds
+    // rows·cols of it, and every allocation outlives the launch in stream order.
+    unsafe { launch.launch(config) }.w()?;
+    Ok(out)
 }
 
 /// The sums over the rows of `g` (bf16 `[rows, cols]`), f32 `[cols]`.
