@@ -13,7 +13,9 @@
 //   take a pass over the tensor (the values are the same: both round the f32 result once).
 // - GELU's backward pass (tanh form, as candle's `gelu`): candle differentiates it with sixteen
 //   elementwise ops over the MLP's hidden activations, the step's largest tensor; here
-//   ∂x = g·gelu'(x) in one pass, in f32 arithmetic whatever the storage.
+//   ∂x = g·gelu'(x) in one pass, in f32 arithmetic whatever the storage. After a bf16 product
+//   with a bias (a block's MLP), the bias and GELU are one pass forward and one backward, the
+//   bias's gradient summed on the way.
 // - A Linear layer's bias on its bf16 product, and the bias's gradient: candle's broadcast add
 //   and the sum over rows behind its backward pass find every element through 64-bit divisions
 //   and mod, and that sum reads one column at a time (a 2-byte read per 32-byte sector) and
@@ -131,6 +133,11 @@ __device__ __forceinline__ void layer_norm_backward(const float *__restrict__ x,
 LAYER_NORM_BACKWARD(mosaic_layer_norm_backward_f32, float)
 LAYER_NORM_BACKWARD(mosaic_layer_norm_backward_bf16_grad, __nv_bfloat16)
 
+// gelu(x) = x/2·(1 + tanh(√(2/π)(x + 0.044715x³))), the tanh form, in f32.
+__device__ __forceinline__ float gelu_f32(float x) {
+    return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
 // gelu'(x) of the tanh form, gelu(x) = x/2·(1 + tanh(√(2/π)(x + 0.044715x³))).
 __device__ __forceinline__ float gelu_grad(float x) {
     const float k = 0.7978845608f;  // √(2/π)
@@ -184,6 +191,35 @@ extern "C" __global__ void mosaic_residual_bias_add_bf16(const float *__restrict
                                                         const float *__restrict__ bias,
                                                         float *__restrict__ out, int rows, int cols) {
     biased(y, bias, rows, cols, [&](size_t i, __nv_bfloat16 v) { out[i] = x[i] + __bfloat162float(v); });
+}
+
+// The MLP's first layer: out = gelu(y + bias), y + bias rounded to bf16 (the pre-activation a
+// bias add stores), GELU in f32 arithmetic and rounded once. The pre-activation is not stored:
+// the backward pass recomputes it from y, so the tape keeps the product and GELU's output only.
+extern "C" __global__ void mosaic_bias_gelu_bf16(const __nv_bfloat16 *__restrict__ y,
+                                                const float *__restrict__ bias,
+                                                __nv_bfloat16 *__restrict__ out, int rows, int cols) {
+    biased(y, bias, rows, cols,
+           [&](size_t i, __nv_bfloat16 v) { out[i] = __float2bfloat16(gelu_f32(__bfloat162float(v))); });
+}
+
+// Its backward pass: dy = g·gelu'(y + bias) (the pre-activation recomputed as the forward pass
+// rounded it, the product in f32, dy rounded to bf16), and the bias's gradient in part:
+// part[blockIdx.y, c] = Σ dy[r, c] over the rows r ≡ blockIdx.y (mod gridDim.y), in f32; the
+// host sums the gridDim.y partial rows. The grid of `biased`.
+extern "C" __global__ void mosaic_bias_gelu_backward_bf16(const __nv_bfloat16 *__restrict__ y,
+                                                         const float *__restrict__ bias,
+                                                         const __nv_bfloat16 *__restrict__ g,
+                                                         __nv_bfloat16 *__restrict__ dy,
+                                                         float *__restrict__ part, int rows, int cols) {
+    float s = 0.f;
+    biased(y, bias, rows, cols, [&](size_t i, __nv_bfloat16 v) {
+        const __nv_bfloat16 d = __float2bfloat16(__bfloat162float(g[i]) * gelu_grad(__bfloat162float(v)));
+        dy[i] = d;
+        s += __bfloat162float(d);
+    });
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < cols) part[(size_t)blockIdx.y * cols + c] = s;
 }
 
 // The bias's gradient in part: part[blockIdx.y, c] = Σ g[r, c] over the rows r ≡ blockIdx.y

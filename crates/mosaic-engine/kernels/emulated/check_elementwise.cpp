@@ -2,9 +2,9 @@
 // the same mathematics in f64: LayerNorm's forward pass and its backward pass (∂x, and ∂γ, ∂β
 // summed from the blocks' partial rows, as the host does), and both with y and its gradient in
 // bf16; GELU's (in f32 and in bf16; the derivative itself checked against a central difference
-// of GELU), and a bias added to a bf16 product (alone, and with a residual connection) and its
-// gradient summed over the rows. Prints one line a case and exits 1 if any misses its bound.
-// Built and run by `tests/kernels.rs`.
+// of GELU), and a bias added to a bf16 product (alone, with a residual connection, and under
+// GELU, forward and backward) and its gradient summed over the rows. Prints one line a case and
+// exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
 #include "../elementwise.cu"
 #include "check.h"
 
@@ -199,6 +199,51 @@ bool bias(int rows, int cols, unsigned gy, unsigned seed) {
     return add && gradient && report(what, double(differ), 0.5);
 }
 
+// The MLP's bias and GELU, forward and backward, against f64: out = gelu(bf16(y + b)) within
+// bf16's rounding, dy = g·gelu'(bf16(y + b)) the same, and the bias's gradient (the partial
+// rows summed as the host does) against the sums of the kernel's own dy.
+bool bias_gelu(int rows, int cols, unsigned gy, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    const size_t n = size_t(rows) * cols;
+    std::vector<__nv_bfloat16> y(n), g(n), out(n, __float2bfloat16(NAN)), dy(n, __float2bfloat16(NAN));
+    std::vector<float> b(cols);
+    for (auto &v : y) v = __float2bfloat16(2.f * normal(rng));
+    for (auto &v : g) v = __float2bfloat16(normal(rng));
+    for (auto &v : b) v = normal(rng);
+    std::vector<double> out_ref(n), dy_ref(n);
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+            const size_t i = size_t(r) * cols + c;
+            const double pre = __bfloat162float(__float2bfloat16(__bfloat162float(y[i]) + b[c]));
+            const double h = 1e-5;
+            out_ref[i] = gelu(pre);
+            dy_ref[i] = __bfloat162float(g[i]) * (gelu(pre + h) - gelu(pre - h)) / (2 * h);
+        }
+    std::vector<float> part(size_t(gy) * cols, NAN);
+    const unsigned gx = (cols + 255) / 256;
+    emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] { mosaic_bias_gelu_bf16(y.data(), b.data(), out.data(), rows, cols); });
+    emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] {
+        mosaic_bias_gelu_backward_bf16(y.data(), b.data(), g.data(), dy.data(), part.data(), rows, cols);
+    });
+    std::vector<float> out_f(n), dy_f(n), sums(cols, 0.f);
+    std::vector<double> sums_ref(cols, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+        out_f[i] = __bfloat162float(out[i]);
+        dy_f[i] = __bfloat162float(dy[i]);
+        sums_ref[i % cols] += dy_f[i];
+    }
+    for (unsigned p = 0; p < gy; ++p)
+        for (int c = 0; c < cols; ++c) sums[c] += part[size_t(p) * cols + c];
+    char what[96];
+    std::snprintf(what, sizeof what, "bias and gelu, %d rows × %d, %u row blocks", rows, cols, gy);
+    const bool forward = report(what, relative(out_f, out_ref, 1e-6), 1e-2);
+    std::snprintf(what, sizeof what, "bias and gelu backward, %d rows × %d", rows, cols);
+    const bool backward = report(what, relative(dy_f, dy_ref, 1e-6), 1e-2);
+    std::snprintf(what, sizeof what, "bias and gelu: the bias's gradient, %d rows × %d", rows, cols);
+    return forward && backward && report(what, relative(sums, sums_ref, 1e-6), 1e-5);
+}
+
 }  // namespace
 
 int main() {
@@ -210,5 +255,7 @@ int main() {
     ok &= gelu_backward(5);
     ok &= bias(37, 300, 4, 6);
     ok &= bias(3, 64, 8, 7);  // more row blocks than rows
+    ok &= bias_gelu(37, 300, 4, 8);
+    ok &= bias_gelu(3, 64, 3, 9);
     return ok ? 0 : 1;
 }

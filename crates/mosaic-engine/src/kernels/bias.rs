@@ -3,12 +3,15 @@
 //! the rows' sums in f32, read along the rows. candle's broadcast add and the row sum behind its
 //! backward pass index every element through 64-bit divisions, and that sum reads a column at a
 //! time and accumulates in bf16. Where a residual connection follows the layer, the bias and
-//! the add into the f32 residual stream are one op ([`residual_bias_add`]).
+//! the add into the f32 residual stream are one op ([`residual_bias_add`]); where GELU does (a
+//! block's MLP), the bias and GELU are one op forward and one backward ([`bias_gelu`]).
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::op::BackpropOp;
 use candle_core::{
-    bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    bail, CpuStorage, CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
+    Storage, Tensor,
 };
 
 use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
@@ -22,20 +25,41 @@ const ROW_BLOCKS: usize = 256;
 /// `[cols]`), as a node of both tapes: the gradient passes to `y` as it is and to `bias` as
 /// its column sums (f32).
 pub fn bias_add(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    y.apply_op2(bias, BiasAdd)
+    y.apply_op2(bias, Biased::Add)
 }
 
-struct BiasAdd;
+/// `gelu(y + bias)` over the rows of `y` (bf16 `[rows, cols]`, contiguous) with `bias` (f32
+/// `[cols]`): `y + bias` rounded to bf16 as [`bias_add`] stores it, GELU (tanh form) in f32 and
+/// rounded once, in one pass where the two took two and kept the pre-activation on the tape
+/// (its backward pass recomputes it from `y`). A node of both tapes: `y`'s gradient is
+/// `g·gelu'(y + bias)` in bf16 and the bias's its column sums, in one more pass.
+pub fn bias_gelu(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    y.apply_op2(bias, Biased::Gelu)
+}
 
-/// `(rows, cols)` of a bf16 product and an f32 bias that match.
-fn dims(y: &Layout, y_dtype: DType, bias: &Layout, bias_dtype: DType) -> Result<(usize, usize)> {
+/// What follows a bf16 product's bias, in one op.
+enum Biased {
+    /// Nothing: [`bias_add`].
+    Add,
+    /// GELU: [`bias_gelu`].
+    Gelu,
+}
+
+/// `(rows, cols)` of a bf16 product and an f32 bias that match, for the op `op`.
+fn dims(
+    op: &str,
+    y: &Layout,
+    y_dtype: DType,
+    bias: &Layout,
+    bias_dtype: DType,
+) -> Result<(usize, usize)> {
     let (rows, cols) = y.shape().dims2()?;
     if y_dtype != DType::BF16 || bias_dtype != DType::F32 {
-        bail!("bias_add adds an f32 bias to a bf16 product, not {bias_dtype:?} to {y_dtype:?}")
+        bail!("{op} adds an f32 bias to a bf16 product, not {bias_dtype:?} to {y_dtype:?}")
     }
     if bias.shape().dims() != [cols] || !y.is_contiguous() || !bias.is_contiguous() {
         bail!(
-            "bias_add: a contiguous [{cols}] bias for a contiguous [{rows}, {cols}] product, not \
+            "{op}: a contiguous [{cols}] bias for a contiguous [{rows}, {cols}] product, not \
              {:?} for {:?}",
             bias.shape(),
             y.shape()
@@ -44,9 +68,12 @@ fn dims(y: &Layout, y_dtype: DType, bias: &Layout, bias_dtype: DType) -> Result<
     Ok((rows, cols))
 }
 
-impl CustomOp2 for BiasAdd {
+impl CustomOp2 for Biased {
     fn name(&self) -> &'static str {
-        "bias_add"
+        match self {
+            Biased::Add => "bias_add",
+            Biased::Gelu => "bias_gelu",
+        }
     }
 
     fn cpu_fwd(
@@ -56,7 +83,7 @@ impl CustomOp2 for BiasAdd {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        bail!("bias_add runs on CUDA devices only")
+        bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -67,22 +94,30 @@ impl CustomOp2 for BiasAdd {
         bias_layout: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
-        let (rows, cols) = dims(y_layout, y.dtype(), bias_layout, bias.dtype())?;
+        let (rows, cols) = dims(self.name(), y_layout, y.dtype(), bias_layout, bias.dtype())?;
+        let kernel = match self {
+            Biased::Add => "mosaic_bias_add_bf16",
+            Biased::Gelu => "mosaic_bias_gelu_bf16",
+        };
         let inputs = [(y, y_layout), (bias, bias_layout)];
-        // SAFETY: `mosaic_bias_add_bf16` takes y, bias and a bf16 output: y holds rows·cols
-        // bf16 and the bias cols f32 (checked above).
-        let out = unsafe { run_biased::<half::bf16>("mosaic_bias_add_bf16", &inputs, rows, cols) }?;
+        // SAFETY: both kernels take y, bias and a bf16 output: y holds rows·cols bf16 and the
+        // bias cols f32 (checked above).
+        let out = unsafe { run_biased::<half::bf16>(kernel, &inputs, rows, cols) }?;
         Ok((out, y_layout.shape().clone()))
     }
 
     fn bwd(
         &self,
-        _y: &Tensor,
-        _bias: &Tensor,
+        y: &Tensor,
+        bias: &Tensor,
         _out: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(g.clone()), Some(column_sums(g)?)))
+        let (dy, d_bias) = match self {
+            Biased::Add => (g.clone(), column_sums(g)?),
+            Biased::Gelu => bias_gelu_backward(y, bias, g)?,
+        };
+        Ok((Some(dy), Some(d_bias)))
     }
 }
 
@@ -124,7 +159,13 @@ impl CustomOp3 for ResidualBiasAdd {
         bias_layout: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
-        let (rows, cols) = dims(y_layout, y.dtype(), bias_layout, bias.dtype())?;
+        let (rows, cols) = dims(
+            "residual_bias_add",
+            y_layout,
+            y.dtype(),
+            bias_layout,
+            bias.dtype(),
+        )?;
         if x.dtype() != DType::F32
             || x_layout.shape() != y_layout.shape()
             || !x_layout.is_contiguous()
@@ -159,6 +200,49 @@ impl CustomOp3 for ResidualBiasAdd {
     }
 }
 
+/// The gradients of `y` (bf16) and of the bias (f32, its column sums) of [`bias_gelu`] given
+/// `g`, the gradient of its output: one pass, and the partial rows summed by a candle op.
+fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_device(y, "the MLP's bias and GELU")?;
+    let (rows, cols) = y.dims2()?;
+    // The op's forward pass checked the dtypes, shapes and contiguity of y and the bias.
+    let (y, bias) = (y.detach(), bias.detach());
+    let g = g.to_dtype(DType::BF16)?.contiguous()?;
+    // SAFETY: the kernel below writes every element of dy before anything reads it.
+    let dy = unsafe { fresh::<half::bf16>(dev, (rows, cols)) }?;
+    let part = Tensor::zeros((rows.clamp(1, ROW_BLOCKS), cols), DType::F32, y.device())?;
+    let stream = dev.cuda_stream();
+    let at = [&y, &bias, &g, &dy, &part]
+        .map(|t| address(t, &stream))
+        .into_iter()
+        .collect::<Result<Vec<u64>>>()?;
+    // SAFETY: the addresses are `mosaic_bias_gelu_backward_bf16`'s (y, bias, g, dy, part): y,
+    // g and dy hold rows·cols bf16, the bias cols f32 and part min(rows, ROW_BLOCKS)·cols f32
+    // (the grid's rows), contiguous, alive past the launch in stream order.
+    unsafe { launch_biased(dev, "mosaic_bias_gelu_backward_bf16", &at, rows, cols) }?;
+    Ok((dy, part.sum(0)?))
+}
+
+/// A contiguous `[rows, cols]` tensor of `T`'s dtype on `dev`, its memory not initialised.
+///
+/// # Safety
+///
+/// Every element must be written before anything reads it.
+unsafe fn fresh<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    shape: (usize, usize),
+) -> Result<Tensor> {
+    // SAFETY: the caller writes every element before it is read.
+    let slice = unsafe { dev.alloc::<T>(shape.0 * shape.1) }?;
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+    Ok(Tensor::from_storage(
+        storage,
+        shape,
+        BackpropOp::none(),
+        false,
+    ))
+}
+
 /// Runs the bias kernel `name` over a `[rows, cols]` product on the inputs' device and stream,
 /// into a fresh contiguous `[rows, cols]` output of `T`: the kernel's arguments are the inputs'
 /// device addresses, the output's, then rows and cols (i32); threads along the columns, blocks
@@ -176,8 +260,12 @@ unsafe fn run_biased<T: CudaDType + DeviceRepr>(
 ) -> Result<CudaStorage> {
     use candle_core::backend::BackendStorage;
     let dev = inputs[0].0.device().clone();
-    // SAFETY: every element is written by the kernel below before anything reads it.
-    let out = CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<T>(rows * cols) }?, dev.clone());
+    // SAFETY: every element is written by the kernel below before anything reads it (one
+    // element at least: no allocation of nothing).
+    let out = CudaStorage::wrap_cuda_slice(
+        unsafe { dev.alloc::<T>((rows * cols).max(1)) }?,
+        dev.clone(),
+    );
     if rows * cols == 0 {
         return Ok(out);
     }
@@ -190,10 +278,35 @@ unsafe fn run_biased<T: CudaDType + DeviceRepr>(
         &Layout::contiguous((rows, cols)),
         &stream,
     )?);
-    let func = kernel(&dev, &ELEMENTWISE, name, 0)?;
+    // SAFETY: the caller vouches for the inputs and the output's type; the output holds
+    // rows·cols of it, and every allocation outlives the launch in stream order.
+    unsafe { launch_biased(&dev, name, &at, rows, cols) }?;
+    Ok(out)
+}
+
+/// Launches the bias kernel `name` over a `[rows, cols]` product on `dev`'s stream: its device
+/// addresses `at`, then rows and cols (i32); threads along the columns, blocks down the rows
+/// (at most [`ROW_BLOCKS`]). Nothing to launch for an empty product.
+///
+/// # Safety
+///
+/// `at` must be the kernel's address parameters, in order, each of a live allocation of `dev`
+/// that holds what the kernel reads or writes there and outlives the launch in stream order.
+unsafe fn launch_biased(
+    dev: &CudaDevice,
+    name: &str,
+    at: &[u64],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    let func = kernel(dev, &ELEMENTWISE, name, 0)?;
+    let stream = dev.cuda_stream();
     let (rows_i, cols_i) = (rows as i32, cols as i32);
     let mut launch = stream.launch_builder(&func);
-    for address in &at {
+    for address in at {
         launch.arg(address);
     }
     launch.arg(&rows_i).arg(&cols_i);
@@ -206,10 +319,9 @@ unsafe fn run_biased<T: CudaDType + DeviceRepr>(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the caller vouches for the inputs and the output's type; the output holds
-    // rows·cols of it, and every allocation outlives the launch in stream order.
+    // SAFETY: the caller vouches for the addresses; rows and cols are the kernels' two i32.
     unsafe { launch.launch(config) }.w()?;
-    Ok(out)
+    Ok(())
 }
 
 /// The sums over the rows of `g` (bf16 `[rows, cols]`), f32 `[cols]`.
@@ -217,24 +329,12 @@ fn column_sums(g: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(g, "the bias gradient")?;
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
     let (rows, cols) = g.dims2()?;
-    let row_blocks = rows.clamp(1, ROW_BLOCKS);
-    let part = Tensor::zeros((row_blocks, cols), DType::F32, g.device())?;
-    if rows * cols > 0 {
-        let func = kernel(dev, &ELEMENTWISE, "mosaic_column_sums_bf16", 0)?;
-        let stream = dev.cuda_stream();
-        let (g_at, part_at) = (address(&g, &stream)?, address(&part, &stream)?);
-        let (rows_i, cols_i) = (rows as i32, cols as i32);
-        let mut launch = stream.launch_builder(&func);
-        launch.arg(&g_at).arg(&part_at).arg(&rows_i).arg(&cols_i);
-        let config = LaunchConfig {
-            grid_dim: (cols.div_ceil(THREADS as usize) as u32, row_blocks as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `mosaic_column_sums_bf16`'s (two device addresses, two
-        // i32); g holds rows·cols bf16 and part row_blocks·cols f32, contiguous, alive past the
-        // launch in stream order.
-        unsafe { launch.launch(config) }.w()?;
-    }
+    let part = Tensor::zeros((rows.clamp(1, ROW_BLOCKS), cols), DType::F32, g.device())?;
+    let stream = dev.cuda_stream();
+    let at = [address(&g, &stream)?, address(&part, &stream)?];
+    // SAFETY: the addresses are `mosaic_column_sums_bf16`'s (g, part): g holds rows·cols bf16
+    // and part min(rows, ROW_BLOCKS)·cols f32 (the grid's rows), contiguous, alive past the
+    // launch in stream order.
+    unsafe { launch_biased(dev, "mosaic_column_sums_bf16", &at, rows, cols) }?;
     part.sum(0)
 }

@@ -190,6 +190,18 @@ impl Linear {
                 .to_dtype(DType::F32)?
     }
 
+    /// `gelu(layer(x))` in the products' dtype: on a CUDA device, for a bf16 product, the bias
+    /// and GELU are one pass forward and one backward ([`crate::kernels::bias::bias_gelu`],
+    /// GELU in f32 arithmetic); elsewhere [`gelu`] of [`Linear::forward_in_compute`].
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        let (product, out_shape) = self.product(x)?;
+        #[cfg(mosaic_gpu)]
+        if product.device().is_cuda() && product.dtype() == DType::BF16 && crate::kernels::fused() {
+            return crate::kernels::bias::bias_gelu(&product, &self.bias)?.reshape(out_shape);
+        }
+        gelu(&add_bias(&product, &self.bias)?.reshape(out_shape)?)
+    }
+
     /// `x · Wᵀ` over the rows of `x` (`[…, inputs]`) in the products' dtype, `[rows,
     /// outputs]`, and the shape of the layer's output (`[…, outputs]`).
     fn product(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
@@ -598,7 +610,7 @@ impl Block {
         let normed = self.ln1.forward_in(x, compute)?;
         let x = self.attn.forward_residual(&normed, x, mask)?;
         let normed = self.ln2.forward_in(&x, compute)?;
-        let h = gelu(&self.fc1.forward_in_compute(&normed)?)?;
+        let h = self.fc1.forward_gelu(&normed)?;
         // Each product ends in a residual connection: its bias and the add one pass on a GPU.
         self.fc2.forward_residual(&h, &x)
     }
