@@ -8,13 +8,12 @@
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::op::BackpropOp;
 use candle_core::{
     bail, CpuStorage, CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
-    Storage, Tensor,
+    Tensor,
 };
 
-use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
+use super::{address, cuda_device, kernel, kernel_output, storage_address, ELEMENTWISE};
 
 /// Threads a block, along the columns.
 const THREADS: u32 = 256;
@@ -208,9 +207,11 @@ fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, 
     // The op's forward pass checked the dtypes, shapes and contiguity of y and the bias.
     let (y, bias) = (y.detach(), bias.detach());
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
-    // SAFETY: the kernel below writes every element of dy before anything reads it.
-    let dy = unsafe { fresh::<half::bf16>(dev, (rows, cols)) }?;
-    let part = Tensor::zeros((rows.clamp(1, ROW_BLOCKS), cols), DType::F32, y.device())?;
+    let launched = rows * cols > 0;
+    // SAFETY: the kernel below writes every element of dy and, when it runs, of part.
+    let dy = unsafe { kernel_output(dev, (rows, cols), DType::BF16, true) }?;
+    let part_shape = (rows.clamp(1, ROW_BLOCKS), cols);
+    let part = unsafe { kernel_output(dev, part_shape, DType::F32, launched) }?;
     let stream = dev.cuda_stream();
     let at = [&y, &bias, &g, &dy, &part]
         .map(|t| address(t, &stream))
@@ -221,26 +222,6 @@ fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, 
     // (the grid's rows), contiguous, alive past the launch in stream order.
     unsafe { launch_biased(dev, "mosaic_bias_gelu_backward_bf16", &at, rows, cols) }?;
     Ok((dy, part.sum(0)?))
-}
-
-/// A contiguous `[rows, cols]` tensor of `T`'s dtype on `dev`, its memory not initialised.
-///
-/// # Safety
-///
-/// Every element must be written before anything reads it.
-unsafe fn fresh<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    shape: (usize, usize),
-) -> Result<Tensor> {
-    // SAFETY: the caller writes every element before it is read.
-    let slice = unsafe { dev.alloc::<T>(shape.0 * shape.1) }?;
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-    Ok(Tensor::from_storage(
-        storage,
-        shape,
-        BackpropOp::none(),
-        false,
-    ))
 }
 
 /// Runs the bias kernel `name` over a `[rows, cols]` product on the inputs' device and stream,
@@ -329,7 +310,9 @@ fn column_sums(g: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(g, "the bias gradient")?;
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
     let (rows, cols) = g.dims2()?;
-    let part = Tensor::zeros((rows.clamp(1, ROW_BLOCKS), cols), DType::F32, g.device())?;
+    let part_shape = (rows.clamp(1, ROW_BLOCKS), cols);
+    // SAFETY: the kernel below writes every element of part when it runs.
+    let part = unsafe { kernel_output(dev, part_shape, DType::F32, rows * cols > 0) }?;
     let stream = dev.cuda_stream();
     let at = [address(&g, &stream)?, address(&part, &stream)?];
     // SAFETY: the addresses are `mosaic_column_sums_bf16`'s (g, part): g holds rows·cols bf16

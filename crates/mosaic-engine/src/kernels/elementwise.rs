@@ -12,7 +12,7 @@ use candle_core::{
     bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
-use super::{address, cuda_device, kernel, storage_address, ELEMENTWISE};
+use super::{address, cuda_device, kernel, kernel_output, storage_address, ELEMENTWISE};
 
 /// Threads a block.
 const THREADS: u32 = 256;
@@ -202,9 +202,11 @@ fn layer_norm_backward(
         ),
     };
     let gamma = gamma.detach().to_dtype(DType::F32)?.contiguous()?;
-    let dx = Tensor::zeros(x.shape(), DType::F32, x.device())?;
     let blocks = rows.div_ceil((THREADS / 32) as usize).clamp(1, MAX_BLOCKS);
-    let part = Tensor::zeros((blocks, 2, dim), DType::F32, x.device())?;
+    // SAFETY: the kernel below writes every row of dx, and when it runs every block writes its
+    // partial rows.
+    let dx = unsafe { kernel_output(dev, x.shape(), DType::F32, true) }?;
+    let part = unsafe { kernel_output(dev, (blocks, 2, dim), DType::F32, rows > 0) }?;
     if rows > 0 {
         let func = kernel(dev, &ELEMENTWISE, name, 0)?;
         let stream = dev.cuda_stream();
@@ -249,7 +251,8 @@ fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor> {
     };
     let x = x.detach().contiguous()?;
     let g = g.to_dtype(dtype)?.contiguous()?;
-    let dx = Tensor::zeros(x.shape(), dtype, x.device())?;
+    // SAFETY: the kernel below writes every element.
+    let dx = unsafe { kernel_output(dev, x.shape(), dtype, true) }?;
     let n = x.elem_count();
     if n > 0 {
         let func = kernel(dev, &ELEMENTWISE, name, 0)?;

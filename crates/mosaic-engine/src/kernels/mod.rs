@@ -193,3 +193,39 @@ pub fn storage_address(storage: &CudaStorage, layout: &Layout, stream: &CudaStre
     };
     Ok(base + (layout.start_offset() * size) as u64)
 }
+
+/// A contiguous tensor of `shape` and `dtype` (f32 or bf16) on `dev` for a kernel's output:
+/// uninitialised where a kernel writes every element (`written`), so that no memset is launched
+/// to write it once more, as `Tensor::zeros` would; zeros where none runs (an empty input's
+/// partial sums must still sum to zero).
+///
+/// # Safety
+///
+/// Where `written`, a kernel must write every element before anything reads it.
+pub unsafe fn kernel_output(
+    dev: &CudaDevice,
+    shape: impl Into<candle_core::Shape>,
+    dtype: candle_core::DType,
+    written: bool,
+) -> Result<Tensor> {
+    use candle_core::DType;
+    let shape = shape.into();
+    if !written {
+        return Tensor::zeros(shape, dtype, &Device::Cuda(dev.clone()));
+    }
+    let n = shape.elem_count().max(1); // no allocation of nothing
+                                       // SAFETY: the caller's kernel writes every element before it is read.
+    let storage = match dtype {
+        DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n) }?, dev.clone()),
+        DType::BF16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n) }?, dev.clone())
+        }
+        other => bail!("a kernel's output is f32 or bf16, not {other:?}"),
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        shape,
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}

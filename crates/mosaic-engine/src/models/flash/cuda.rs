@@ -5,7 +5,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig, PushKe
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, DType, Result, Tensor};
 
-use crate::kernels::{address, cuda_device, kernel, ATTENTION};
+use crate::kernels::{address, cuda_device, kernel, kernel_output, ATTENTION};
 use crate::models::grad_op::with_backward;
 
 /// Rows of queries (forward) or keys (backward) a block takes: the kernels' `TILE`.
@@ -140,8 +140,9 @@ fn forward(qkv: &Tensor, causal: bool) -> Result<(Tensor, Tensor)> {
         d,
     } = shape;
     let qkv = packed(qkv)?;
-    let o = Tensor::zeros((batch, t, heads, d), DType::BF16, qkv.device())?;
-    let lse = Tensor::zeros((batch, t, heads), DType::F32, qkv.device())?;
+    // SAFETY: the kernel below writes every row of o and every log-sum-exp.
+    let o = unsafe { kernel_output(dev, (batch, t, heads, d), DType::BF16, true) }?;
+    let lse = unsafe { kernel_output(dev, (batch, t, heads), DType::F32, true) }?;
     if o.elem_count() == 0 {
         return Ok((o, lse));
     }
@@ -183,9 +184,11 @@ fn backward(qkv: &Tensor, o: &Tensor, g: &Tensor, lse: &Tensor, causal: bool) ->
     let (qkv, o) = (packed(&qkv.detach())?, packed(o)?);
     let g = packed(&g.to_dtype(DType::BF16)?)?;
     let device = qkv.device();
-    let dqkv = Tensor::zeros(qkv.shape(), DType::BF16, device)?;
+    // SAFETY: the kernels below write every element of dqkv (dk and dv the backward kernel, dq
+    // the cast) and of dd (the row dots); dq32 is summed into, so it starts at zero.
+    let dqkv = unsafe { kernel_output(dev, qkv.shape(), DType::BF16, true) }?;
     let dq32 = Tensor::zeros(o.shape(), DType::F32, device)?;
-    let dd = Tensor::zeros(lse.shape(), DType::F32, device)?;
+    let dd = unsafe { kernel_output(dev, lse.shape(), DType::F32, true) }?;
     if o.elem_count() == 0 {
         return Ok(dqkv);
     }
