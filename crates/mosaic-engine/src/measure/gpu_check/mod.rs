@@ -6,7 +6,9 @@
 //! (the device found, its memory, bandwidth and busy fractions read);
 //! then, in the GPU build only (`--cfg mosaic_gpu`, `scripts/cuda-cargo`), candle's ops on a
 //! slot against the CPU through either [`Binding`](crate::runtime::slot::cuda) (a transformer
-//! block's forward and backward in f32, a matmul in bf16); the fused AdamW kernel against the
+//! block's forward and backward in f32, a matmul in bf16); the bf16 ops around a block's
+//! products (a norm writing bf16, a bias into the residual stream, a bias under GELU) against
+//! candle ops composing them; the fused AdamW kernel against the
 //! composed update and its time on CLIP ViT-L's vision tower; one training step of every engine
 //! model on the GPU against the CPU (loss and every gradient), modules one after another and
 //! the encoders co-located, and ten steps whose loss must fall; SM confinement by timing (the

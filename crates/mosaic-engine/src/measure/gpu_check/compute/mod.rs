@@ -2,6 +2,7 @@
 //! steps, timings and the measuring commands, on slots of the device, in order of risk.
 
 mod adamw;
+mod fused;
 mod nccl;
 mod ops;
 mod sweeps;
@@ -12,6 +13,7 @@ use super::{Checks, GpuCheck, Outcome};
 use crate::runtime::slot::cuda::{Binding, Carving, GpuDevice, GpuSlot};
 use crate::EngineError;
 use adamw::adamw;
+use fused::fused;
 use nccl::nccl_bucket;
 use ops::{attention, ops};
 use sweeps::{colocations, sweep};
@@ -31,6 +33,9 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         let name = format!("candle ops ({})", binding.name());
         out.push(outcome(&name, || ops(device, binding)));
     }
+    // The bf16 ops around a block's products, each against its composed form, before the
+    // models that run them: a failure there names its op.
+    out.push(outcome("fused bf16 ops", || fused(device)));
     // Tiny models in f32 on both devices; zoo-built ones at a small size, bf16 products
     // on the GPU against f32 on the CPU, so within bf16's tolerance.
     let models = [
