@@ -24,10 +24,14 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 }
 
 /// How far `a` is from the reference `b`: the largest |a − b| over the largest |b| (infinite
-/// when their lengths differ), the measure the GPU checks hold against their bounds.
+/// when their lengths differ, NaN when either holds a NaN, so that no bound is met), the
+/// measure the GPU checks hold against their bounds.
 pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     if a.len() != b.len() {
         return f32::INFINITY;
+    }
+    if a.iter().chain(b).any(|x| x.is_nan()) {
+        return f32::NAN;
     }
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
@@ -49,6 +53,9 @@ mod tests {
         assert_eq!(relative_error(&[1.0, 2.5], &[1.0, 2.0]), 0.25);
         assert_eq!(relative_error(&[0.0], &[0.0]), 0.0);
         assert_eq!(relative_error(&[1.0], &[1.0, 2.0]), f32::INFINITY);
+        // A NaN anywhere meets no bound (`f32::max` alone would drop it).
+        assert!(relative_error(&[1.0, f32::NAN], &[1.0, 2.0]).is_nan());
+        assert!(relative_error(&[1.0, 2.0], &[f32::NAN, 2.0]).is_nan());
     }
 
     use super::*;

@@ -90,12 +90,15 @@ impl CustomOp3 for LayerNormOp {
         // SAFETY: the kernel writes every element before anything reads it.
         let (y, name) = match self.out {
             DType::F32 => (
-                CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(rows * dim) }?, dev.clone()),
+                CudaStorage::wrap_cuda_slice(
+                    unsafe { dev.alloc::<f32>((rows * dim).max(1)) }?,
+                    dev.clone(),
+                ),
                 "mosaic_layer_norm_f32",
             ),
             DType::BF16 => (
                 CudaStorage::wrap_cuda_slice(
-                    unsafe { dev.alloc::<half::bf16>(rows * dim) }?,
+                    unsafe { dev.alloc::<half::bf16>((rows * dim).max(1)) }?,
                     dev.clone(),
                 ),
                 "mosaic_layer_norm_f32_to_bf16",

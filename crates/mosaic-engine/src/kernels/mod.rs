@@ -213,8 +213,9 @@ pub unsafe fn kernel_output(
     if !written {
         return Tensor::zeros(shape, dtype, &Device::Cuda(dev.clone()));
     }
-    let n = shape.elem_count().max(1); // no allocation of nothing
-                                       // SAFETY: the caller's kernel writes every element before it is read.
+    // One element at least: no allocation of nothing.
+    let n = shape.elem_count().max(1);
+    // SAFETY: the caller's kernel writes every element before it is read.
     let storage = match dtype {
         DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n) }?, dev.clone()),
         DType::BF16 => {

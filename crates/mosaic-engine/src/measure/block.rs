@@ -193,12 +193,12 @@ fn time_pieces(
         (
             "output projection",
             2.0 * rows * dim_f * dim_f,
-            Box::new(|| out.forward_in_compute(&y)),
+            Box::new(|| out.forward_residual(&y, &x)),
         ),
         (
             "MLP",
             mlp_flop,
-            Box::new(|| fc2.forward_in_compute(&fc1.forward_gelu(&normed)?)),
+            Box::new(|| fc2.forward_residual(&fc1.forward_gelu(&normed)?, &x)),
         ),
         (
             "block",
