@@ -7,9 +7,10 @@
 // scores), which the H200 measurements of 2026-11-26 found the largest cost of a step.
 //
 // Layout: q, k and v are read where the qkv projection wrote them, bf16 `[batch, tokens, 3,
-// heads, D]`, and o is written where the output projection reads it, `[batch, tokens, heads,
-// D]`, so no copy rearranges them around the kernels (as FlashAttention's own interface takes
-// strided q, k, v). Every matrix is thus rows of D values, one a token, `ld` elements apart
+// heads, D]`, its bias (f32, bq, bk and bv of `[3, heads, D]`) added as each tile is loaded,
+// and o is written where the output projection reads it, `[batch, tokens, heads, D]`, so no
+// copy rearranges them around the kernels (as FlashAttention's own interface takes strided q,
+// k, v) and no pass adds the bias. Every matrix is thus rows of D values, one a token, `ld` elements apart
 // (3·heads·D for q, k, v and their gradients, heads·D for o, dO and dq's accumulator), head h
 // of a row h·D from its start: the kernels take pointers to head 0 of token 0 of sample 0. The
 // scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch, tokens, heads]`, the row
@@ -92,28 +93,38 @@ typedef wmma::row_major Row;
 typedef wmma::col_major Col;
 
 // Copies rows row0 … row0+TILE of a [T, D] bf16 matrix whose rows lie `ld` elements apart
-// into a [TILE, D] tile, 16 bytes a load; rows past T become zeros.
+// into a [TILE, D] tile, 16 bytes a load, with `bias` (D f32 values, where given) added to
+// every row, in f32 and rounded to bf16 as the projection's bias add would store it; rows past
+// T become zeros.
 template <int D>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int ld, int row0, int T) {
+__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int ld, int row0, int T,
+                                          const float *bias = nullptr) {
     const int per_row = D / 8;
     for (int i = threadIdx.x; i < TILE * per_row; i += THREADS) {
         const int r = i / per_row, c = (i % per_row) * 8;
         int4 v = make_int4(0, 0, 0, 0);
-        if (row0 + r < T) v = *reinterpret_cast<const int4 *>(src + (size_t)(row0 + r) * ld + c);
+        if (row0 + r < T) {
+            v = *reinterpret_cast<const int4 *>(src + (size_t)(row0 + r) * ld + c);
+            if (bias) {
+                bf16 *e = reinterpret_cast<bf16 *>(&v);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) e[j] = __float2bfloat16(__bfloat162float(e[j]) + bias[c + j]);
+            }
+        }
         *reinterpret_cast<int4 *>(dst + r * D + c) = v;
     }
 }
 
 // Where the (sample, head) of block row blockIdx.y starts: token 0 of its head in q, k, v
-// (rows ld_qkv apart) and in o, dO and dq's accumulator (rows ld_o apart), and its token 0's
-// index in lse and the row dots, whose tokens lie `heads` apart.
+// (rows ld_qkv apart) and in o, dO and dq's accumulator (rows ld_o apart), its token 0's
+// index in lse and the row dots, whose tokens lie `heads` apart, and its first column.
 struct Head {
-    size_t qkv, o, row;
+    size_t qkv, o, row, bias;  // and its columns' offset in a row of biases
 };
 
 __device__ __forceinline__ Head head_of(int T, int heads, int D, int ld_qkv, int ld_o) {
     const size_t b = blockIdx.y / heads, h = blockIdx.y % heads;
-    return {b * T * ld_qkv + h * D, b * T * ld_o + h * D, b * T * heads + h};
+    return {b * T * ld_qkv + h * D, b * T * ld_o + h * D, b * T * heads + h, h * D};
 }
 
 // Bytes of dynamic shared memory the forward kernel of head dimension D takes.
@@ -125,9 +136,11 @@ __device__ __forceinline__ Head head_of(int T, int heads, int D, int ld_qkv, int
 // every row's running maximum and sum (the same values on every lane).
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                              const bf16 *__restrict__ v, int ld_qkv, bf16 *__restrict__ o,
-                                              int ld_o, float *__restrict__ lse, int T, int heads,
-                                              int causal, float scale) {
+                                              const bf16 *__restrict__ v, const float *__restrict__ bq,
+                                              const float *__restrict__ bk, const float *__restrict__ bv,
+                                              int ld_qkv, bf16 *__restrict__ o, int ld_o,
+                                              float *__restrict__ lse, int T, int heads, int causal,
+                                              float scale) {
     DYNAMIC_SMEM(smem);
     bf16 *Qs = reinterpret_cast<bf16 *>(smem);       // [TILE, D]
     bf16 *Ks = Qs + TILE * D;                        // [TILE, D]
@@ -140,7 +153,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T);
+    load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T, bq + start.bias);
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) Os[i] = 0.f;
     float m[16], l[16];
 #pragma unroll
@@ -154,8 +167,8 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * TILE;
-        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
-        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
+        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
+        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
         __syncthreads();
 
         // S = Q Kᵀ for the warp's 16 rows.
@@ -224,7 +237,9 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
 // rows with the lanes along them, as in the forward kernel.
 template <int D>
 __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                               const bf16 *__restrict__ v, int ld_qkv,
+                                               const bf16 *__restrict__ v, const float *__restrict__ bq,
+                                               const float *__restrict__ bk, const float *__restrict__ bv,
+                                               int ld_qkv,
                                                const bf16 *__restrict__ dout, int ld_o,
                                                const float *__restrict__ lse, const float *__restrict__ dd,
                                                float *__restrict__ dq, bf16 *__restrict__ dk,
@@ -252,15 +267,15 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     const int pair = lane / 16, col = lane % 16;
     float *mine = scratch + warp * 256;
 
-    load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
-    load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
+    load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
+    load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
     for (int i = threadIdx.x; i < TILE * D; i += THREADS) dKs[i] = dVs[i] = 0.f;
     const int tiles = (T + TILE - 1) / TILE;
 
     for (int it = causal ? (int)blockIdx.x : 0; it < tiles; ++it) {
         const int q0 = it * TILE;
         __syncthreads();  // the previous tile's Qs, dOs and dSs are no longer read
-        load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T);
+        load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T, bq + start.bias);
         load_tile<D>(dOs, dout + start.o, ld_o, q0, T);
         for (int i = threadIdx.x; i < TILE; i += THREADS) {
             const bool in = q0 + i < T;
@@ -359,15 +374,17 @@ extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, cons
 
 #define FLASH_KERNELS(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-        mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, int ld_qkv, bf16 *o,   \
-                                 int ld_o, float *lse, int T, int heads, int causal, float scale) {  \
-        flash_forward<D>(q, k, v, ld_qkv, o, ld_o, lse, T, heads, causal, scale);                    \
+        mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, const float *bq,       \
+                                 const float *bk, const float *bv, int ld_qkv, bf16 *o, int ld_o,    \
+                                 float *lse, int T, int heads, int causal, float scale) {            \
+        flash_forward<D>(q, k, v, bq, bk, bv, ld_qkv, o, ld_o, lse, T, heads, causal, scale);        \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(THREADS) mosaic_flash_backward_##D(                 \
-        const bf16 *q, const bf16 *k, const bf16 *v, int ld_qkv, const bf16 *dout, int ld_o,        \
-        const float *lse, const float *dd, float *dq, bf16 *dk, bf16 *dv, int T, int heads,         \
-        int causal, float scale) {                                                                   \
-        flash_backward<D>(q, k, v, ld_qkv, dout, ld_o, lse, dd, dq, dk, dv, T, heads, causal, scale); \
+        const bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk,              \
+        const float *bv, int ld_qkv, const bf16 *dout, int ld_o, const float *lse, const float *dd, \
+        float *dq, bf16 *dk, bf16 *dv, int T, int heads, int causal, float scale) {                 \
+        flash_backward<D>(q, k, v, bq, bk, bv, ld_qkv, dout, ld_o, lse, dd, dq, dk, dv, T, heads,   \
+                          causal, scale);                                                            \
     }
 
 FLASH_KERNELS(16)

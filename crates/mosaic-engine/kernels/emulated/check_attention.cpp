@@ -1,9 +1,10 @@
 // Runs the fused attention kernels of `../attention.cu` on the CPU (this folder's emulation of
 // CUDA and WMMA) against attention computed directly in f64 from the same bf16 inputs: the
 // output, the log-sum-exp and the gradients of q, k and v, in the layouts the engine hands the
-// kernels (q, k, v as the qkv projection writes them), for head dimensions 16 to 128, token
-// counts below, at and past a tile (64), causal or not, one or more samples and heads. Prints
-// one line a case and exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
+// kernels (q, k, v as the qkv projection writes them, its bias added by the kernels), for head
+// dimensions 16 to 128, token counts below, at and past a tile (64), causal or not, one or
+// more samples and heads. Prints one line a case and exits 1 if any misses its bound. Built
+// and run by `tests/kernels.rs`.
 #include "../attention.cu"
 #include "check.h"
 
@@ -34,7 +35,20 @@ Errors run(int B, int H, int T, int D, bool causal, unsigned seed) {
         for (auto &x : v) x = __float2bfloat16(normal(rng) * scale);
         return v;
     };
-    const auto q = draw(1.f), k = draw(1.f), v = draw(1.f), dout = draw(1.f);
+    // The projection's product and its bias, [3, H, D]: the kernels add it as they load; the
+    // reference reads q, k and v with it added and rounded to bf16, as a bias add stores them.
+    const auto q_raw = draw(1.f), k_raw = draw(1.f), v_raw = draw(1.f), dout = draw(1.f);
+    std::vector<float> bias(3 * size_t(H) * D);
+    for (auto &b : bias) b = 0.5f * normal(rng);
+    auto biased = [&](const std::vector<bf16> &x, int which) {
+        std::vector<bf16> y(n);
+        for (size_t i = 0; i < n; ++i) {
+            const size_t h = i / (size_t(T) * D) % H, d = i % D;
+            y[i] = __float2bfloat16(__bfloat162float(x[i]) + bias[(which * size_t(H) + h) * D + d]);
+        }
+        return y;
+    };
+    const auto q = biased(q_raw, 0), k = biased(k_raw, 1), v = biased(v_raw, 2);
     const float scale = 1.f / std::sqrt(float(D));
     auto f = [](bf16 x) { return double(__bfloat162float(x)); };
 
@@ -93,27 +107,28 @@ Errors run(int B, int H, int T, int D, bool causal, unsigned seed) {
             for (int i = 0; i < T; ++i)
                 for (int d = 0; d < D; ++d) {
                     const size_t from = (size_t(b * H + h) * T + i) * D + d, at = qkv_at(b, h, i) + d;
-                    qkv[at] = q[from];
-                    qkv[at + ld_o] = k[from];
-                    qkv[at + 2 * ld_o] = v[from];
+                    qkv[at] = q_raw[from];
+                    qkv[at + ld_o] = k_raw[from];
+                    qkv[at + 2 * ld_o] = v_raw[from];
                     g[o_at(b, h, i) + d] = dout[from];
                 }
     std::vector<float> lse(size_t(bh) * T, NAN), dd(size_t(bh) * T, NAN), dq32(n, 0.f);
     const unsigned tiles = (T + TILE - 1) / TILE;
     const int c = causal;
     const bf16 *q_at = qkv.data(), *k_at = q_at + ld_o, *v_at = k_at + ld_o;
+    const float *bq = bias.data(), *bk = bq + ld_o, *bv = bk + ld_o;
     bf16 *dq_at = dqkv.data(), *dk_at = dq_at + ld_o, *dv_at = dk_at + ld_o;
     size_t fwd = FWD_SMEM(D), bwd = BWD_SMEM(D);
     auto forward = [&] {
         switch (D) {
-#define CASE(d) case d: mosaic_flash_forward_##d(q_at, k_at, v_at, ld_qkv, o.data(), ld_o, lse.data(), T, H, c, scale); break;
+#define CASE(d) case d: mosaic_flash_forward_##d(q_at, k_at, v_at, bq, bk, bv, ld_qkv, o.data(), ld_o, lse.data(), T, H, c, scale); break;
             CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(112) CASE(128)
 #undef CASE
         }
     };
     auto backward = [&] {
         switch (D) {
-#define CASE(d) case d: mosaic_flash_backward_##d(q_at, k_at, v_at, ld_qkv, g.data(), ld_o, lse.data(), dd.data(), dq32.data(), dk_at, dv_at, T, H, c, scale); break;
+#define CASE(d) case d: mosaic_flash_backward_##d(q_at, k_at, v_at, bq, bk, bv, ld_qkv, g.data(), ld_o, lse.data(), dd.data(), dq32.data(), dk_at, dv_at, T, H, c, scale); break;
             CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(112) CASE(128)
 #undef CASE
         }

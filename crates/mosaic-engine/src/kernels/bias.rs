@@ -306,7 +306,7 @@ unsafe fn launch_biased(
 }
 
 /// The sums over the rows of `g` (bf16 `[rows, cols]`), f32 `[cols]`.
-fn column_sums(g: &Tensor) -> Result<Tensor> {
+pub(crate) fn column_sums(g: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(g, "the bias gradient")?;
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
     let (rows, cols) = g.dims2()?;

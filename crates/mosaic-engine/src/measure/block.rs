@@ -157,6 +157,7 @@ fn time_pieces(
         var(&heads_shape, 1.0, dtype)?,
     );
     let stacked = var(&[batch, tokens, 3, heads, hd], 1.0, dtype)?; // q, k, v as the kernels take them
+    let qkv_bias = var(&[3 * dim], 1.0, DType::F32)?;
     let mask = causal
         .then(|| causal_mask(tokens, dtype, dev))
         .transpose()?;
@@ -174,12 +175,12 @@ fn time_pieces(
             Box::new(|| qkv.forward_in_compute(&normed)),
         ),
     ];
-    if flash::attention(&stacked, causal)?.is_some() {
+    if flash::attention(&stacked, &qkv_bias, causal)?.is_some() {
         pieces.push((
             "attention, fused",
             attention_flop,
             Box::new(|| {
-                flash::attention(&stacked, causal)?
+                flash::attention(&stacked, &qkv_bias, causal)?
                     .ok_or_else(|| candle_core::Error::Msg("the fused kernels did not run".into()))
             }),
         ));

@@ -453,18 +453,19 @@ impl Attention {
         // a GPU): the score matrices, where materialised, are the largest tensors of the step,
         // and a bf16 product's f32 copy would carry no more precision. The scale goes on q.
         let dtype = self.qkv.compute;
-        let qkv = self
-            .qkv
-            .forward_in_compute(x)?
-            .reshape((b, t, 3, self.heads, hd))?;
+        // The product without its bias: the fused kernels add it as they load q, k and v.
+        let (product, _) = self.qkv.product(x)?;
+        let qkv = product.reshape((b, t, 3, self.heads, hd))?;
         let fused = match mask {
-            None => flash::attention(&qkv, self.causal)?, // [b, t, heads, hd]
+            None => flash::attention(&qkv, &self.qkv.bias, self.causal)?, // [b, t, heads, hd]
             Some(_) => None,
         };
         let y = match fused {
             Some(y) => y,
             None => {
-                let qkv = qkv.permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
+                let qkv = add_bias(&product, &self.qkv.bias)?
+                    .reshape((b, t, 3, self.heads, hd))?
+                    .permute((2, 0, 3, 1, 4))?; // [3, b, heads, t, hd]
                 let q = (qkv.get(0)? * (hd as f64).powf(-0.5))?;
                 let (k, v) = (qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
                 let y = if self.causal {

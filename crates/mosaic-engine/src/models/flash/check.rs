@@ -25,7 +25,7 @@ const TIMED: (usize, usize, usize, usize) = (16, 16, 1297, 64);
 const BOUND: f32 = 3e-2;
 
 /// The kernels on `dev` (a CUDA device) against attention composed in f32 from the same bf16
-/// inputs, output and the gradients of q, k and v; then forward and backward timed both ways
+/// inputs, output and the gradients of q, k, v and their bias; then forward and backward timed both ways
 /// in bf16 at [`TIMED`]. Passes when every error is within [`BOUND`] and the kernels are the
 /// faster.
 pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
@@ -61,9 +61,10 @@ pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
     ))
 }
 
-/// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16; scores scaled by 1/√d) and
-/// the gradients of Σ y·w: `[y, dq, dk, dv]`. Fused (q, k, v laid out as the kernels take them),
-/// in bf16; or composed, in f32 for the accuracy cases and bf16 at [`TIMED`] (the form the layer
+/// Attention of seeded q, k, v of `shape` (drawn, rounded to bf16; scores scaled by 1/√d) plus
+/// a seeded bias of each head's q, k and v, and the gradients of Σ y·w: `[y, dq, dk, dv,
+/// dbias]`. Fused (q, k, v laid out as the kernels take them, the bias added by the kernels), in
+/// bf16; or composed, in f32 for the accuracy cases and bf16 at [`TIMED`] (the form the layer
 /// would otherwise run).
 fn run(
     dev: &Device,
@@ -83,6 +84,12 @@ fn run(
         Var::from_tensor(&x.to_dtype(DType::BF16)?.to_dtype(dtype)?)
     };
     let (q, k, v) = (draw(1, 1.0)?, draw(2, 1.0)?, draw(3, 1.0)?);
+    let heads = shape.1;
+    let bias = Var::from_tensor(&Tensor::from_vec(
+        SplitMix64::new(5).normals(3 * heads * d, 0.5),
+        3 * heads * d,
+        dev,
+    )?)?;
     let w = Tensor::from_vec(SplitMix64::new(4).normals(n, 1.0), shape, dev)?;
     let y = if fused {
         // As a projection writes them: [batch, tokens, 3, heads, d]; the output back from
@@ -90,15 +97,27 @@ fn run(
         let qkv = Tensor::stack(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?
             .permute((1, 3, 0, 2, 4))?
             .contiguous()?;
-        super::cuda::attention(&qkv, causal)?.transpose(1, 2)?
+        super::cuda::attention(&qkv, &bias, causal)?.transpose(1, 2)?
     } else {
+        // Each of q, k, v plus its third of the bias, [heads, d] broadcast over [b, heads, t, d].
+        let biased = |x: &Var, which: usize| -> Result<Tensor> {
+            let b = bias.narrow(0, which * heads * d, heads * d)?;
+            let b = b.reshape((1, heads, 1, d))?.to_dtype(dtype)?;
+            x.as_tensor().broadcast_add(&b)
+        };
+        let (qb, kb, vb) = (biased(&q, 0)?, biased(&k, 1)?, biased(&v, 2)?);
         let mask = causal.then(|| causal_mask(t, dtype, dev)).transpose()?;
-        let scaled = (q.as_tensor() * (d as f64).powf(-0.5))?;
-        composed_attention(&scaled, &k, &v, &[mask.as_ref()])?
+        let scaled = (qb * (d as f64).powf(-0.5))?;
+        composed_attention(
+            &scaled,
+            &kb.contiguous()?,
+            &vb.contiguous()?,
+            &[mask.as_ref()],
+        )?
     };
     let grads = (y.to_dtype(DType::F32)? * w)?.sum_all()?.backward()?;
     let mut out = vec![y];
-    for x in [&q, &k, &v] {
+    for x in [&q, &k, &v, &bias] {
         let g = grads
             .get(x.as_tensor())
             .ok_or_else(|| candle_core::Error::Msg("an input got no gradient".into()))?;

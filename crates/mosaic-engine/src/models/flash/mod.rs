@@ -8,20 +8,21 @@
 
 use candle_core::{Result, Tensor};
 
-/// `softmax(q kᵀ/√d + causal mask) · v` of `qkv` = `[batch, tokens, 3, heads, d]` (the qkv
-/// projection's output as it is: each token's q, k and v, head after head) as one node of its
-/// tape, `[batch, tokens, heads, d]` (what the output projection reads as it is), computed by
-/// the fused kernels: `None` where they cannot run it (see the module's doc) or
-/// `MOSAIC_KERNELS=composed` turns them off, and then the caller composes it. The kernels read
-/// and write these layouts in place, so no copy rearranges heads around them, forward or
-/// backward; and taking q, k and v as one tensor, the backward pass writes their gradient as
+/// `softmax(q kᵀ/√d + causal mask) · v` of `qkv + bias` (the qkv projection's product as it
+/// is, `[batch, tokens, 3, heads, d]`: each token's q, k and v, head after head; and its f32
+/// bias of `3·heads·d`) as one node of both tapes, `[batch, tokens, heads, d]` (what the output
+/// projection reads as it is), computed by the fused kernels: `None` where they cannot run it
+/// (see the module's doc) or `MOSAIC_KERNELS=composed` turns them off, and then the caller
+/// composes it. The kernels read and write these layouts in place and add the bias as they
+/// load q, k and v, so no copy rearranges heads around them and no pass adds the bias, forward
+/// or backward; and taking q, k and v as one tensor, the backward pass writes their gradient as
 /// one (split q, k, v would each be padded back to the whole).
-pub fn attention(qkv: &Tensor, causal: bool) -> Result<Option<Tensor>> {
+pub fn attention(qkv: &Tensor, bias: &Tensor, causal: bool) -> Result<Option<Tensor>> {
     #[cfg(mosaic_gpu)]
-    if cuda::runs(qkv) && crate::kernels::fused() {
-        return cuda::attention(qkv, causal).map(Some);
+    if cuda::runs(qkv, bias) && crate::kernels::fused() {
+        return cuda::attention(qkv, bias, causal).map(Some);
     }
-    let _ = (qkv, causal);
+    let _ = (qkv, bias, causal);
     Ok(None)
 }
 
