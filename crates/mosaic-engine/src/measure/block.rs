@@ -167,15 +167,20 @@ fn time_pieces(
     let attention_flop = 4.0 * (batch * heads * tokens * tokens * hd) as f64;
     let projections_flop = 2.0 * rows * dim_f * 4.0 * dim_f;
     let mlp_flop = 4.0 * rows * dim_f * mlp_f;
+    // Fused attention adds the projection's bias itself: the projection is then its product.
+    let fused = flash::attention(&stacked, &qkv_bias, causal)?.is_some();
     let mut pieces: Vec<Piece> = vec![
         ("layer norm", 0.0, Box::new(|| ln.forward_in(&x, dtype))),
         (
             "qkv projection",
             2.0 * rows * dim_f * 3.0 * dim_f,
-            Box::new(|| qkv.forward_in_compute(&normed)),
+            Box::new(|| match fused {
+                true => qkv.product(&normed).map(|(product, _)| product),
+                false => qkv.forward_in_compute(&normed),
+            }),
         ),
     ];
-    if flash::attention(&stacked, &qkv_bias, causal)?.is_some() {
+    if fused {
         pieces.push((
             "attention, fused",
             attention_flop,

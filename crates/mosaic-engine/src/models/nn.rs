@@ -203,8 +203,9 @@ impl Linear {
     }
 
     /// `x · Wᵀ` over the rows of `x` (`[…, inputs]`) in the products' dtype, `[rows,
-    /// outputs]`, and the shape of the layer's output (`[…, outputs]`).
-    fn product(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
+    /// outputs]`, and the shape of the layer's output (`[…, outputs]`): the layer without its
+    /// bias, for an op that adds it itself.
+    pub(crate) fn product(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
         let dims = x.dims();
         let inputs = dims[dims.len() - 1];
         let rows = x.elem_count() / inputs;

@@ -148,7 +148,7 @@ impl CustomOp2 for Flash {
                 .arg(&scale);
             // SAFETY: the arguments match `mosaic_flash_forward_<d>`'s parameters in number,
             // order and size (six device addresses, an i32, an address, an i32, an address,
-            // four i32, an f32 — `int` is 32 bits); q, k and v are the thirds of the rows of
+            // three i32, an f32 — `int` is 32 bits); q, k and v are the thirds of the rows of
             // qkv (`batch·t` rows of `ld_qkv` bf16) and bq, bk, bv those of the bias (3·heads·d
             // f32), o holds `batch·t` rows of `ld_o` bf16 and lse `batch·t·heads` f32, live
             // allocations of this device that outlive the launch in stream order.
@@ -346,7 +346,7 @@ fn backward(
         .arg(&causal)
         .arg(&scale);
     // SAFETY: the arguments match `mosaic_flash_backward_<d>`'s parameters in number, order
-    // and size (six device addresses, an i32, an address, an i32, five addresses, four i32, an
+    // and size (six device addresses, an i32, an address, an i32, five addresses, three i32, an
     // f32); q, k, v, dq, dk, dv are the thirds of the rows of qkv and dqkv (`batch·t` rows of
     // `ld_qkv` bf16), bq, bk, bv those of the bias (3·heads·d f32), g and dq32 hold `batch·t`
     // rows of `ld_o` elements, lse and dd `batch·t·heads` f32, live allocations of this device,
