@@ -350,6 +350,7 @@ fn bench_block_times_every_piece_of_a_block() {
     assert_eq!(rows[5]["piece"], "block");
     assert!(rows[5]["step_ms"].as_f64().unwrap() >= rows[5]["forward_ms"].as_f64().unwrap());
     assert!(rows[0]["tflops"].is_null() && rows[5]["tflops"].as_f64().unwrap() > 0.0);
+    assert!(rows[5]["tape_bytes"].as_u64().unwrap() >= rows[4]["tape_bytes"].as_u64().unwrap());
     refused(&[
         (
             "bench block --device cpu --module audio",

@@ -1,8 +1,9 @@
 //! Where a transformer block's step goes (`mosaic bench block`): one block of a zoo encoder at
 //! its real shape, and each of its pieces alone — the norm, the three projections, attention
 //! (fused where the device has the kernels, and composed), the MLP — timed forward and
-//! forward + backward on the device, with the products' throughput. What the engine's step
-//! times (`train --json-log`) cannot say: which piece is slow, and against what.
+//! forward + backward on the device, with the products' throughput and what each leaves on the
+//! autograd tape. What the engine's step times (`train --json-log`) cannot say: which piece is
+//! slow, and against what.
 //!
 //! A piece's time runs from a synchronised device to a synchronised device; its backward pass
 //! starts from Σ y (an all-ones gradient, one kernel of its own). The median of `reps` runs
@@ -32,6 +33,10 @@ pub struct PieceTime {
     /// Floating-point operations of its products in the forward pass (0 for a piece without
     /// products); forward and backward take three times as many.
     pub flop: f64,
+    /// Bytes its forward pass leaves on the autograd tape for the backward pass: the distinct
+    /// storages of candle's graph from the output back to its inputs, the inputs included and
+    /// the parameters not ([`super::bytes::tape_bytes`]), as this device runs it.
+    pub tape_bytes: u64,
 }
 
 impl PieceTime {
@@ -139,6 +144,7 @@ fn time_pieces(
     let fc1 = Linear::new(&mut pb, "fc1", dim, mlp)?;
     let fc2 = Linear::new(&mut pb, "fc2", mlp, dim)?;
     let whole = Block::new(&mut pb, "block", dims, causal)?;
+    let params = pb.finish();
 
     let mut seed = 10;
     let mut var = |shape: &[usize], std: f64, dtype: DType| -> Result<Var> {
@@ -216,11 +222,13 @@ fn time_pieces(
         .into_iter()
         .map(|(piece, flop, forward)| {
             let (forward_ms, step_ms) = time(dev, &forward, reps)?;
+            let tape_bytes = super::bytes::tape_bytes(&forward()?, &params);
             Ok(PieceTime {
                 piece,
                 forward_ms,
                 step_ms,
                 flop,
+                tape_bytes,
             })
         })
         .collect()
@@ -271,7 +279,11 @@ mod tests {
         );
         for r in &rows {
             assert!(r.forward_ms > 0.0 && r.step_ms >= r.forward_ms, "{r:?}");
+            assert!(r.tape_bytes > 0, "{r:?}");
         }
+        // The block keeps at least what its MLP keeps, and its input.
+        let input = (2 * 102 * text.dims.dim * 4) as u64;
+        assert!(rows[5].tape_bytes >= rows[4].tape_bytes + input, "{rows:?}");
         assert_eq!(rows[0].tflops(), None);
         assert!(rows[1].tflops().unwrap() > 0.0);
     }

@@ -1,7 +1,8 @@
 //! `mosaic bench block`: where a transformer block's step goes. One block of a zoo encoder at
 //! its real shape on the device present, and each piece of it alone — norm, projections,
 //! attention (fused where the device has the kernels, and composed), MLP — timed forward and
-//! forward + backward, with the products' throughput and each piece's share of the block. On
+//! forward + backward, with the products' throughput, each piece's share of the block and what
+//! it leaves on the autograd tape. On
 //! a GPU, last, what launching costs: the block's forward pass, and its forward and backward
 //! passes, launched op by op against the same passes replayed from a CUDA graph.
 
@@ -119,21 +120,22 @@ fn launch_line(c: &LaunchCost) -> String {
     )
 }
 
-/// The pieces as a table: times, share of the block's forward + backward, throughput.
+/// The pieces as a table: times, share of the block's forward + backward, throughput, tape.
 fn table(pieces: &[PieceTime]) -> String {
     let block_ms = pieces.last().map_or(f64::NAN, |p| p.step_ms);
     let mut out = format!(
-        "{:<22} {:>11} {:>11} {:>7} {:>8}\n",
-        "piece", "forward ms", "fwd+bwd ms", "share", "TFLOP/s"
+        "{:<22} {:>11} {:>11} {:>7} {:>8} {:>10}\n",
+        "piece", "forward ms", "fwd+bwd ms", "share", "TFLOP/s", "tape MiB"
     );
     for p in pieces {
         out += &format!(
-            "{:<22} {:>11.3} {:>11.3} {:>6.0}% {:>8}\n",
+            "{:<22} {:>11.3} {:>11.3} {:>6.0}% {:>8} {:>10.1}\n",
             p.piece,
             p.forward_ms,
             p.step_ms,
             100.0 * p.step_ms / block_ms,
-            p.tflops().map_or("—".into(), |t| format!("{t:.1}"))
+            p.tflops().map_or("—".into(), |t| format!("{t:.1}")),
+            p.tape_bytes as f64 / (1u64 << 20) as f64
         );
     }
     out
