@@ -6,14 +6,16 @@
 //! the add into the f32 residual stream are one op ([`residual_bias_add`]); where GELU does (a
 //! block's MLP), the bias and GELU are one op forward and one backward ([`bias_gelu`]).
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{
     bail, CpuStorage, CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
     Tensor,
 };
 
-use super::{address, cuda_device, kernel, kernel_output, storage_address, ELEMENTWISE};
+use super::{
+    address, cuda_device, kernel, kernel_output, storage_address, uninit_storage, ELEMENTWISE,
+};
 
 /// Threads a block, along the columns.
 const THREADS: u32 = 256;
@@ -101,7 +103,7 @@ impl CustomOp2 for Biased {
         let inputs = [(y, y_layout), (bias, bias_layout)];
         // SAFETY: both kernels take y, bias and a bf16 output: y holds rows·cols bf16 and the
         // bias cols f32 (checked above).
-        let out = unsafe { run_biased::<half::bf16>(kernel, &inputs, rows, cols) }?;
+        let out = unsafe { run_biased(kernel, &inputs, DType::BF16, rows, cols) }?;
         Ok((out, y_layout.shape().clone()))
     }
 
@@ -180,8 +182,8 @@ impl CustomOp3 for ResidualBiasAdd {
         let inputs = [(x, x_layout), (y, y_layout), (bias, bias_layout)];
         // SAFETY: `mosaic_residual_bias_add_bf16` takes x, y, bias and an f32 output: x holds
         // rows·cols f32, y rows·cols bf16 and the bias cols f32 (checked above).
-        let out =
-            unsafe { run_biased::<f32>("mosaic_residual_bias_add_bf16", &inputs, rows, cols) }?;
+        let name = "mosaic_residual_bias_add_bf16";
+        let out = unsafe { run_biased(name, &inputs, DType::F32, rows, cols) }?;
         Ok((out, y_layout.shape().clone()))
     }
 
@@ -205,7 +207,6 @@ fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, 
     let dev = cuda_device(y, "the MLP's bias and GELU")?;
     let (rows, cols) = y.dims2()?;
     // The op's forward pass checked the dtypes, shapes and contiguity of y and the bias.
-    let (y, bias) = (y.detach(), bias.detach());
     let g = g.to_dtype(DType::BF16)?.contiguous()?;
     let launched = rows * cols > 0;
     // SAFETY: the kernel below writes every element of dy and, when it runs, of part.
@@ -213,7 +214,7 @@ fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, 
     let part_shape = (rows.clamp(1, ROW_BLOCKS), cols);
     let part = unsafe { kernel_output(dev, part_shape, DType::F32, launched) }?;
     let stream = dev.cuda_stream();
-    let at = [&y, &bias, &g, &dy, &part]
+    let at = [y, bias, &g, &dy, &part]
         .map(|t| address(t, &stream))
         .into_iter()
         .collect::<Result<Vec<u64>>>()?;
@@ -225,31 +226,25 @@ fn bias_gelu_backward(y: &Tensor, bias: &Tensor, g: &Tensor) -> Result<(Tensor, 
 }
 
 /// Runs the bias kernel `name` over a `[rows, cols]` product on the inputs' device and stream,
-/// into a fresh contiguous `[rows, cols]` output of `T`: the kernel's arguments are the inputs'
-/// device addresses, the output's, then rows and cols (i32); threads along the columns, blocks
-/// down the rows. The kernel writes every element of the output.
+/// into a fresh contiguous `[rows, cols]` output of `out`: the kernel's arguments are the
+/// inputs' device addresses, the output's, then rows and cols (i32); threads along the columns,
+/// blocks down the rows. The kernel writes every element of the output.
 ///
 /// # Safety
 ///
 /// `inputs` must be the kernel's input parameters, in order, each holding what the kernel
-/// reads there, and `T` its output's element type.
-unsafe fn run_biased<T: CudaDType + DeviceRepr>(
+/// reads there, and `out` its output's element type.
+unsafe fn run_biased(
     name: &str,
     inputs: &[(&CudaStorage, &Layout)],
+    out: DType,
     rows: usize,
     cols: usize,
 ) -> Result<CudaStorage> {
     use candle_core::backend::BackendStorage;
     let dev = inputs[0].0.device().clone();
-    // SAFETY: every element is written by the kernel below before anything reads it (one
-    // element at least: no allocation of nothing).
-    let out = CudaStorage::wrap_cuda_slice(
-        unsafe { dev.alloc::<T>((rows * cols).max(1)) }?,
-        dev.clone(),
-    );
-    if rows * cols == 0 {
-        return Ok(out);
-    }
+    // SAFETY: every element is written by the kernel below before anything reads it.
+    let out = unsafe { uninit_storage(&dev, rows * cols, out) }?;
     let stream = dev.cuda_stream();
     let mut at = (inputs.iter())
         .map(|(storage, layout)| storage_address(storage, layout, &stream))

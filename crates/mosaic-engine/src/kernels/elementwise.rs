@@ -1,8 +1,8 @@
 //! LayerNorm and GELU on a GPU as custom ops of candle's whose backward passes are one kernel
 //! each (`kernels/elementwise.cu`): LayerNorm forward and backward one warp a row (∂γ and ∂β as
 //! per-block partial rows, summed on the device by a candle op), GELU's forward candle's kernel
-//! and its backward one pass. Each op's output is its own storage (no copy), every launch on the stream of the
-//! tensors' device. [`crate::models::nn`] uses them on a CUDA device; its composed forms stay
+//! and its backward one pass. Each op's output is its own storage (no copy), every launch on
+//! the stream of the tensors' device. [`crate::models::nn`] uses them on a CUDA device; its composed forms stay
 //! the CPU's and the reference.
 
 use candle_core::backend::BackendStorage;
@@ -12,7 +12,9 @@ use candle_core::{
     bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
-use super::{address, cuda_device, kernel, kernel_output, storage_address, ELEMENTWISE};
+use super::{
+    address, cuda_device, kernel, kernel_output, storage_address, uninit_storage, ELEMENTWISE,
+};
 
 /// Threads a block.
 const THREADS: u32 = 256;
@@ -87,24 +89,13 @@ impl CustomOp3 for LayerNormOp {
         }
         let dev = x.device().clone();
         let stream = dev.cuda_stream();
-        // SAFETY: the kernel writes every element before anything reads it.
-        let (y, name) = match self.out {
-            DType::F32 => (
-                CudaStorage::wrap_cuda_slice(
-                    unsafe { dev.alloc::<f32>((rows * dim).max(1)) }?,
-                    dev.clone(),
-                ),
-                "mosaic_layer_norm_f32",
-            ),
-            DType::BF16 => (
-                CudaStorage::wrap_cuda_slice(
-                    unsafe { dev.alloc::<half::bf16>((rows * dim).max(1)) }?,
-                    dev.clone(),
-                ),
-                "mosaic_layer_norm_f32_to_bf16",
-            ),
+        let name = match self.out {
+            DType::F32 => "mosaic_layer_norm_f32",
+            DType::BF16 => "mosaic_layer_norm_f32_to_bf16",
             other => bail!("the LayerNorm kernel writes f32 or bf16, not {other:?}"),
         };
+        // SAFETY: the kernel writes every element before anything reads it.
+        let y = unsafe { uninit_storage(&dev, rows * dim, self.out) }?;
         if rows > 0 {
             let func = kernel(&dev, &ELEMENTWISE, name, 0)?;
             let (x_at, gamma_at, beta_at, y_at) = (

@@ -208,25 +208,39 @@ pub unsafe fn kernel_output(
     dtype: candle_core::DType,
     written: bool,
 ) -> Result<Tensor> {
-    use candle_core::DType;
     let shape = shape.into();
     if !written {
         return Tensor::zeros(shape, dtype, &Device::Cuda(dev.clone()));
     }
-    // One element at least: no allocation of nothing.
-    let n = shape.elem_count().max(1);
     // SAFETY: the caller's kernel writes every element before it is read.
-    let storage = match dtype {
-        DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n) }?, dev.clone()),
-        DType::BF16 => {
-            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n) }?, dev.clone())
-        }
-        other => bail!("a kernel's output is f32 or bf16, not {other:?}"),
-    };
+    let storage = unsafe { uninit_storage(dev, shape.elem_count(), dtype) }?;
     Ok(Tensor::from_storage(
         Storage::Cuda(storage),
         shape,
         candle_core::op::BackpropOp::none(),
         false,
     ))
+}
+
+/// Device memory on `dev` for `n` elements of `dtype` (f32 or bf16; one element at least, no
+/// allocation of nothing), not initialised: a kernel's output, or a custom op's.
+///
+/// # Safety
+///
+/// Every element must be written before anything reads it.
+pub unsafe fn uninit_storage(
+    dev: &CudaDevice,
+    n: usize,
+    dtype: candle_core::DType,
+) -> Result<CudaStorage> {
+    use candle_core::DType;
+    let n = n.max(1);
+    // SAFETY: the caller writes every element before it is read.
+    Ok(match dtype {
+        DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n) }?, dev.clone()),
+        DType::BF16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n) }?, dev.clone())
+        }
+        other => bail!("a kernel's output is f32 or bf16, not {other:?}"),
+    })
 }

@@ -10,7 +10,9 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::kernels::bias::column_sums;
-use crate::kernels::{address, cuda_device, kernel, kernel_output, storage_address, ATTENTION};
+use crate::kernels::{
+    address, cuda_device, kernel, kernel_output, storage_address, uninit_storage, ATTENTION,
+};
 
 /// Rows of queries (forward) or keys (backward) a block takes: the kernels' `TILE`.
 const TILE: usize = 64;
@@ -119,8 +121,7 @@ impl CustomOp2 for Flash {
         } = shape;
         let out_shape = Shape::from((batch, t, heads, d));
         // SAFETY: the kernel below writes every row of o and every log-sum-exp.
-        let o = unsafe { dev.alloc::<half::bf16>(out_shape.elem_count().max(1)) }?;
-        let o = CudaStorage::wrap_cuda_slice(o, dev.clone());
+        let o = unsafe { uninit_storage(&dev, out_shape.elem_count(), DType::BF16) }?;
         let lse = unsafe { kernel_output(&dev, (batch, t, heads), DType::F32, true) }?;
         if out_shape.elem_count() > 0 {
             let smem = forward_smem(d);
