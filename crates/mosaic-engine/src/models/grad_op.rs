@@ -13,6 +13,7 @@
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
+use candle_core::backprop::GradStore;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Storage, Tensor,
 };
@@ -55,6 +56,26 @@ pub fn with_backward3(
             backward,
         },
     )
+}
+
+/// The backward pass of everything `y` was computed from, seeded with `grad` (`y`'s gradient,
+/// of its shape and dtype) as `y`'s own gradient, where `(y · grad).sum()`'s backward pass
+/// would first multiply, sum, fill a tensor of ones and multiply twice more, over the whole
+/// of `y`: a module's backward pass from its output's gradient, a block's when recomputed.
+pub fn backward_from(y: &Tensor, grad: &Tensor) -> Result<GradStore> {
+    if y.shape() != grad.shape() || y.dtype() != grad.dtype() {
+        candle_core::bail!(
+            "a gradient of shape {:?} ({:?}) for a tensor of shape {:?} ({:?})",
+            grad.dims(),
+            grad.dtype(),
+            y.dims(),
+            y.dtype()
+        )
+    }
+    let seed = grad.detach();
+    let root = Tensor::zeros((), y.dtype(), y.device())?;
+    let backward: Backward = Box::new(move |_, _, _| Ok(Some(seed.clone())));
+    with_backward(y, root, "seed", backward)?.backward()
 }
 
 /// An op's name and its precomputed output, handed over once: the op keeps no copy.
@@ -183,5 +204,32 @@ mod tests {
         let grads = z.sum_all().unwrap().backward().unwrap();
         let g = grads.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(g, [2.0, 4.0, 6.0]);
+    }
+
+    #[test]
+    fn a_seeded_backward_pass_gives_the_weighted_sums_gradients() {
+        let dev = Device::Cpu;
+        let x = Var::new(&[[1f32, -2.0, 3.0], [0.5, 4.0, -1.0]], &dev).unwrap();
+        let y = (x.as_tensor().sqr().unwrap() * 3.0).unwrap().exp().unwrap();
+        let y = (y.log().unwrap() + x.as_tensor()).unwrap();
+        let g = Tensor::new(&[[0.1f32, 2.0, -1.5], [3.0, -0.25, 7.0]], &dev).unwrap();
+        let seeded = backward_from(&y, &g).unwrap();
+        let summed = y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        let grad = |s: &GradStore| s.get(x.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(grad(&seeded), grad(&summed));
+    }
+
+    #[test]
+    fn a_seed_of_another_shape_or_dtype_is_refused() {
+        let x = Var::new(&[1f32, 2.0, 3.0], &Device::Cpu).unwrap();
+        let y = x.as_tensor().sqr().unwrap();
+        let short = Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap();
+        let err = backward_from(&y, &short).unwrap_err().to_string();
+        assert!(
+            err.contains("shape [2]") && err.contains("shape [3]"),
+            "{err}"
+        );
+        let f64s = Tensor::new(&[1f64, 2.0, 3.0], &Device::Cpu).unwrap();
+        assert!(backward_from(&y, &f64s).is_err());
     }
 }

@@ -181,7 +181,7 @@ impl Module {
                 let g = out_grad
                     .expect("an activation module has a gradient for its output")
                     .narrow(0, rows.start, rows.len())?;
-                out.mul(&g)?.sum_all()?.backward()
+                super::grad_op::backward_from(out, &g)
             }
         })();
         let stash = super::recompute::take_stash(mark);

@@ -18,7 +18,7 @@ use std::cell::RefCell;
 
 use candle_core::{Result, Tensor, TensorId, Var};
 
-use super::grad_op::with_backward;
+use super::grad_op::{backward_from, with_backward};
 use super::nn::Block;
 
 thread_local! {
@@ -71,7 +71,7 @@ fn recompute(
 ) -> Result<Option<Tensor>> {
     let input = Var::from_tensor(&x.detach())?;
     let y = block.forward_masked(input.as_tensor(), mask)?;
-    let grads = y.mul(&grad.detach())?.sum_all()?.backward()?;
+    let grads = backward_from(&y, grad)?;
     STASH.with(|s| {
         let mut s = s.borrow_mut();
         for p in block.params() {
