@@ -2,8 +2,8 @@
 //! each (`kernels/elementwise.cu`): LayerNorm forward and backward one warp a row (∂γ and ∂β as
 //! per-block partial rows, summed on the device by a candle op), GELU's forward candle's kernel
 //! and its backward one pass. Each op's output is its own storage (no copy), every launch on
-//! the stream of the tensors' device. [`crate::models::nn`] uses them on a CUDA device; its composed forms stay
-//! the CPU's and the reference.
+//! the stream of the tensors' device. [`crate::models::nn`] uses them on a CUDA device; its
+//! composed forms stay the CPU's and the reference.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};

@@ -2,9 +2,9 @@
 //! its real shape on the device present, and each piece of it alone — norm, projections,
 //! attention (fused where the device has the kernels, and composed), MLP — timed forward and
 //! forward + backward, with the products' throughput, each piece's share of the block and what
-//! it leaves on the autograd tape. On
-//! a GPU, last, what launching costs: the block's forward pass, and its forward and backward
-//! passes, launched op by op against the same passes replayed from a CUDA graph.
+//! it leaves on the autograd tape. On a GPU, last, what launching costs: the block's forward
+//! pass, and its forward and backward passes, launched op by op against the same passes
+//! replayed from a CUDA graph.
 
 use anyhow::Result;
 use mosaic_engine::measure::{launch_cost, time_block, LaunchCost, Pass, PieceTime};
