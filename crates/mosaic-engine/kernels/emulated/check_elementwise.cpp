@@ -65,12 +65,12 @@ bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
         const auto [mean, rs] = stats(xr, dim, eps);
         for (int c = 0; c < dim; ++c) y_ref[size_t(r) * dim + c] = (xr[c] - mean) * rs * gamma[c] + beta[c];
     }
-    std::vector<float> y(x.size());
+    std::vector<float> y(x.size(), NAN);
     emu::launch({blocks, 1, 1}, {256, 1, 1}, 0, [&] {
         mosaic_layer_norm_f32(x.data(), gamma.data(), beta.data(), y.data(), rows, dim, eps);
     });
 
-    std::vector<float> dx(x.size()), part(size_t(blocks) * 2 * dim);
+    std::vector<float> dx(x.size(), NAN), part(size_t(blocks) * 2 * dim, NAN);
     emu::launch({blocks, 1, 1}, {256, 1, 1}, 2 * dim * sizeof(float), [&] {
         mosaic_layer_norm_backward_f32(x.data(), gamma.data(), g.data(), dx.data(), part.data(), rows, dim, eps);
     });
@@ -91,9 +91,9 @@ bool layer_norm(int rows, int dim, unsigned blocks, unsigned seed) {
     // pass reading a bf16 gradient must give the f32 kernel's ∂x from the same values, bit for
     // bit (what a cast after the norm and one before its backward pass gave); its ∂γ and ∂β
     // too, up to the order in which a block's atomics add.
-    std::vector<__nv_bfloat16> y_b(x.size()), g_b(x.size());
+    std::vector<__nv_bfloat16> y_b(x.size(), __float2bfloat16(NAN)), g_b(x.size());
     for (size_t i = 0; i < g.size(); ++i) g_b[i] = __float2bfloat16(g[i]);
-    std::vector<float> g_wide(x.size()), dx_wide(x.size()), part_wide(part.size());
+    std::vector<float> g_wide(x.size()), dx_wide(x.size(), NAN), part_wide(part.size(), NAN);
     for (size_t i = 0; i < g.size(); ++i) g_wide[i] = __bfloat162float(g_b[i]);
     emu::launch({blocks, 1, 1}, {256, 1, 1}, 0, [&] {
         mosaic_layer_norm_f32_to_bf16(x.data(), gamma.data(), beta.data(), y_b.data(), rows, dim, eps);
@@ -130,7 +130,7 @@ bool gelu_backward(unsigned seed) {
     std::vector<float> x(n), g(n);
     for (auto &v : x) v = uniform(rng);
     for (auto &v : g) v = normal(rng);
-    std::vector<__nv_bfloat16> xb(n), gb(n), dxb(n);
+    std::vector<__nv_bfloat16> xb(n), gb(n), dxb(n, __float2bfloat16(NAN));
     for (size_t i = 0; i < n; ++i) {
         xb[i] = __float2bfloat16(x[i]);
         gb[i] = __float2bfloat16(g[i]);
@@ -145,7 +145,7 @@ bool gelu_backward(unsigned seed) {
         ref[i] = reference(x[i], g[i]);
         ref_b[i] = reference(__bfloat162float(xb[i]), __bfloat162float(gb[i]));
     }
-    std::vector<float> dx(n);
+    std::vector<float> dx(n, NAN);
     const unsigned long long count = n;
     emu::launch({2, 1, 1}, {256, 1, 1}, 0, [&] { mosaic_gelu_backward_f32(x.data(), g.data(), dx.data(), count); });
     emu::launch({2, 1, 1}, {256, 1, 1}, 0, [&] { mosaic_gelu_backward_bf16(xb.data(), gb.data(), dxb.data(), count); });
@@ -159,7 +159,7 @@ bool gelu_backward(unsigned seed) {
 bool bias(int rows, int cols, unsigned gy, unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
-    std::vector<__nv_bfloat16> y(size_t(rows) * cols), g(y.size()), out(y.size());
+    std::vector<__nv_bfloat16> y(size_t(rows) * cols), g(y.size()), out(y.size(), __float2bfloat16(NAN));
     std::vector<float> b(cols);
     for (auto &v : y) v = __float2bfloat16(normal(rng));
     for (auto &v : g) v = __float2bfloat16(normal(rng));
@@ -171,7 +171,7 @@ bool bias(int rows, int cols, unsigned gy, unsigned seed) {
             out_ref[i] = double(__bfloat162float(y[i])) + b[c];
             sums_ref[c] += __bfloat162float(g[i]);
         }
-    std::vector<float> part(size_t(gy) * cols);
+    std::vector<float> part(size_t(gy) * cols, NAN);
     const unsigned gx = (cols + 255) / 256;
     emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] { mosaic_bias_add_bf16(y.data(), b.data(), out.data(), rows, cols); });
     emu::launch({gx, gy, 1}, {256, 1, 1}, 0, [&] { mosaic_column_sums_bf16(g.data(), part.data(), rows, cols); });

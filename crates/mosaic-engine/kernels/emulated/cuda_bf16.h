@@ -50,7 +50,9 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
-                std::vector<unsigned char> smem(smem_bytes + 128);
+                // Poisoned as a GPU's shared memory is not zeroed: every byte 0xFF, a NaN in
+                // f32 and bf16, so a read before a write shows in the results.
+                std::vector<unsigned char> smem(smem_bytes + 128, 0xFF);
                 unsigned char *aligned = smem.data() + (128 - reinterpret_cast<uintptr_t>(smem.data()) % 128) % 128;
                 std::barrier<> block_barrier(threads);
                 std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
