@@ -220,7 +220,7 @@ impl Linear {
 /// `y + bias` over the rows of a product `y` `[rows, features]`, in `y`'s dtype. A bf16 product
 /// on a CUDA device takes the engine's kernel ([`crate::kernels::bias`]: one pass, the bias's
 /// gradient summed in f32); otherwise candle's broadcast add.
-fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+pub(crate) fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
     #[cfg(mosaic_gpu)]
     if y.device().is_cuda()
         && y.dtype() == DType::BF16
