@@ -91,13 +91,16 @@ pub fn cuda_device<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaDevice> {
     }
 }
 
-/// A context's loaded modules (by image) and kernels (by name, with the dynamic shared memory
-/// they were allowed), for one thread.
+/// Each context's loaded modules and their kernels (by name, with the dynamic shared memory
+/// they were allowed), by context and image, for one thread.
 #[derive(Default)]
 struct Loaded {
-    modules: HashMap<(usize, &'static str), Arc<CudaModule>>,
-    kernels: HashMap<usize, HashMap<String, (CudaFunction, u32)>>,
+    modules: HashMap<ModuleKey, Arc<CudaModule>>,
+    kernels: HashMap<ModuleKey, HashMap<String, (CudaFunction, u32)>>,
 }
+
+/// A context's id and an image's name.
+type ModuleKey = (usize, &'static str);
 
 thread_local! {
     /// Per thread, so that slots launching from their own threads share no lock. Keyed by the
@@ -120,10 +123,20 @@ fn context_id(context: &CudaContext) -> Result<usize> {
 /// memory (above 48 KiB a kernel must ask for it). The image is loaded into a context once per
 /// launching thread (machine code: no compilation at run time on the build's GPU), the kernel
 /// looked up once. Launch it with the device's stream's `launch_builder`.
+///
+/// Refused on a context where cudarc orders streams by events: kernels take their operands'
+/// addresses without keeping cudarc's guards (see [`storage_address`]).
 pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<CudaFunction> {
     let stream = dev.cuda_stream();
     let context = stream.context();
-    let key = context_id(context)?;
+    if context.is_managing_stream_synchronization() {
+        bail!(
+            "{name}: the engine's kernels run on a device whose work stream order alone orders \
+             (one stream, or event tracking off), not one where cudarc records events across \
+             streams"
+        )
+    }
+    let key = (context_id(context)?, image.name);
     LOADED.with_borrow_mut(|loaded| {
         let known = loaded.kernels.get_mut(&key).and_then(|k| k.get_mut(name));
         if let Some((func, allowed)) = known {
@@ -133,7 +146,7 @@ pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<
             }
             return Ok(func.clone());
         }
-        let module = match loaded.modules.get(&(key, image.name)) {
+        let module = match loaded.modules.get(&key) {
             Some(module) => module.clone(),
             None => {
                 // A heap copy: `include_bytes!` promises no alignment, a fatbin's header has
@@ -142,7 +155,7 @@ pub fn kernel(dev: &CudaDevice, image: &Image, name: &str, smem: u32) -> Result<
                 let module = context
                     .load_module(Ptx::from_binary(image.fatbin.to_vec()))
                     .w()?;
-                loaded.modules.insert((key, image.name), module.clone());
+                loaded.modules.insert(key, module.clone());
                 module
             }
         };

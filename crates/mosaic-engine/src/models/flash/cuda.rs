@@ -112,6 +112,14 @@ impl CustomOp2 for Flash {
                 bias_layout.dims()
             )
         }
+        // The kernels load q, k and v 16 bytes (8 elements) at a time.
+        if !qkv_layout.start_offset().is_multiple_of(8) {
+            bail!(
+                "fused attention: the product starts {} elements into its storage, not a \
+                 multiple of 8 (16-byte loads)",
+                qkv_layout.start_offset()
+            )
+        }
         let dev = qkv.device().clone();
         let Dims {
             batch,
