@@ -115,7 +115,8 @@ impl CustomOp2 for Biased {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (dy, d_bias) = match self {
-            Biased::Add => (g.clone(), column_sums(g)?),
+            // In y's dtype whatever reached the output (no copy when it is already).
+            Biased::Add => (g.to_dtype(y.dtype())?, column_sums(g)?),
             Biased::Gelu => bias_gelu_backward(y, bias, g)?,
         };
         Ok((Some(dy), Some(d_bias)))
