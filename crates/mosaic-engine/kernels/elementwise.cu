@@ -6,11 +6,12 @@
 //   (`models/nn.rs`, `layer_norm_backward`) takes about twenty passes over an f32 [rows, dim]
 //   tensor. Here the backward pass recomputes the mean and 1/σ from x and writes
 //   ∂x = r·(gγ − mean(gγ) − x̂·mean(gγ·x̂)) once; ∂γ = Σ g·x̂ and ∂β = Σ g are summed over the
-//   block's rows in shared memory and written as one partial row per block, which the host sums
-//   (a [blocks, 2, dim] tensor, small). x and ∂x are f32 (the residual stream); y, and so g,
-//   are f32 or bf16: a norm whose output feeds a bf16 product writes it in bf16 and reads its
-//   gradient in bf16, where a cast after it and another before its backward pass would each
-//   take a pass over the tensor (the values are the same: both round the f32 result once).
+//   block's rows in shared memory and written as one partial row per block, which the caller
+//   sums on the device (a [blocks, 2, dim] tensor, small). x and ∂x are f32 (the residual
+//   stream); y, and so g, are f32 or bf16: a norm whose output feeds a bf16 product writes it
+//   in bf16 and reads its gradient in bf16, where a cast after it and another before its
+//   backward pass would each take a pass over the tensor (the values are the same: both round
+//   the f32 result once).
 // - GELU's backward pass (tanh form, as candle's `gelu`): candle differentiates it with sixteen
 //   elementwise ops over the MLP's hidden activations, the step's largest tensor; here
 //   ∂x = g·gelu'(x) in one pass, in f32 arithmetic whatever the storage. After a bf16 product
@@ -162,13 +163,17 @@ extern "C" __global__ void mosaic_gelu_backward_bf16(const __nv_bfloat16 *__rest
 
 // Each element i of a contiguous [rows, cols] bf16 product y with its column's bias added,
 // the add in f32 and rounded to bf16: store(i, y[i] + bias[c]). Threads run along a row (x:
-// columns), blocks down the rows (y), so that no index is divided.
+// columns), blocks down the rows (y), so that no index is divided. A warp's load is 64 bytes,
+// so the rows are unrolled by 4 to keep four of them in flight per thread: one at a time
+// leaves most of the memory's bandwidth unused (Little's law: an H100 needs megabytes in
+// flight, its resident threads hold about half a megabyte at one 2-byte load each).
 template <class Store>
 __device__ __forceinline__ void biased(const __nv_bfloat16 *__restrict__ y, const float *__restrict__ bias,
                                        int rows, int cols, Store store) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     const float b = bias[c];
+#pragma unroll 4
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
         const size_t i = (size_t)r * cols + c;
         store(i, __float2bfloat16(__bfloat162float(y[i]) + b));
@@ -206,7 +211,7 @@ extern "C" __global__ void mosaic_bias_gelu_bf16(const __nv_bfloat16 *__restrict
 // Its backward pass: dy = g·gelu'(y + bias) (the pre-activation recomputed as the forward pass
 // rounded it, the product in f32, dy rounded to bf16), and the bias's gradient in part:
 // part[blockIdx.y, c] = Σ dy[r, c] over the rows r ≡ blockIdx.y (mod gridDim.y), in f32; the
-// host sums the gridDim.y partial rows. The grid of `biased`.
+// caller sums the gridDim.y partial rows (on the device). The grid of `biased`.
 extern "C" __global__ void mosaic_bias_gelu_backward_bf16(const __nv_bfloat16 *__restrict__ y,
                                                          const float *__restrict__ bias,
                                                          const __nv_bfloat16 *__restrict__ g,
@@ -223,13 +228,14 @@ extern "C" __global__ void mosaic_bias_gelu_backward_bf16(const __nv_bfloat16 *_
 }
 
 // The bias's gradient in part: part[blockIdx.y, c] = Σ g[r, c] over the rows r ≡ blockIdx.y
-// (mod gridDim.y), in f32, a warp reading consecutive columns of a row; the host sums the
-// gridDim.y partial rows.
+// (mod gridDim.y), in f32, a warp reading consecutive columns of a row, four rows in flight
+// (see `biased`); the caller sums the gridDim.y partial rows (on the device).
 extern "C" __global__ void mosaic_column_sums_bf16(const __nv_bfloat16 *__restrict__ g,
                                                   float *__restrict__ part, int rows, int cols) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float s = 0.f;
+#pragma unroll 4
     for (int r = blockIdx.y; r < rows; r += gridDim.y) s += __bfloat162float(g[(size_t)r * cols + c]);
     part[(size_t)blockIdx.y * cols + c] = s;
 }
