@@ -12,11 +12,15 @@ use super::{slot, tensor, Res};
 use crate::kernels::{bias, elementwise};
 use crate::models::nn::to_f32s;
 use crate::runtime::slot::cuda::{Binding, GpuDevice};
+use crate::EngineError;
 
-/// Rows of the cases: more than the bias kernels' 256 row blocks, so that a block takes two.
-const ROWS: usize = 300;
-/// Features of the cases: not a multiple of a warp, nor of the bias kernels' 256 threads.
-const COLS: usize = 200;
+/// Rows of the cases: more than the bias kernels' 256 row blocks, so that a block takes
+/// several, and than LayerNorm's backward grid holds (1024 blocks of 8 rows), so that its
+/// blocks stride.
+const ROWS: usize = 9000;
+/// Features of the cases: three of the bias kernels' 256-thread column blocks, the last one
+/// part full, and not a multiple of a warp.
+const COLS: usize = 520;
 /// Bound on the largest error over the largest value, every output and gradient: a bf16
 /// rounding or two apart (the two forms round at the same points, in different orders).
 const BOUND: f32 = 1e-2;
@@ -40,7 +44,7 @@ pub(super) fn fused(device: &GpuDevice) -> Res<(bool, String)> {
     let mut figures = Vec::new();
     let mut pass = true;
     for (name, case) in cases {
-        let err = worst(case(&dev, true), case(&dev, false)).map_err(tensor)?;
+        let err = worst(case(&dev, true), case(&dev, false)).map_err(EngineError::tensor(name))?;
         pass &= err < BOUND; // a NaN fails
         figures.push(format!("{name} {err:.1e}"));
     }

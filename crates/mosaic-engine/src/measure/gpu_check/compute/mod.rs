@@ -27,12 +27,16 @@ fn tensor(e: candle_core::Error) -> EngineError {
     EngineError::tensor("check")(e)
 }
 
-/// Every check of the GPU build, in order.
+/// Every check of the GPU build, in order of risk: a kernel that faults ends the CUDA context,
+/// and with it every check after it, so the rows that need only candle and cuBLAS come first
+/// and the engine's newest kernels and the stages known to fail last.
 pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
     for binding in Binding::ALL {
         let name = format!("candle ops ({})", binding.name());
         out.push(outcome(&name, || ops(device, binding)));
     }
+    out.push(outcome("SM confinement", || confinement(device)));
+    out.push(outcome("co-location", || colocation(device)));
     // The bf16 ops around a block's products, each against its composed form, before the
     // models that run them: a failure there names its op.
     out.push(outcome("fused bf16 ops", || fused(device)));
@@ -64,48 +68,50 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         }
     }
     out.push(outcome("fused AdamW", || adamw(device)));
-    out.push(outcome("SM confinement", || confinement(device)));
-    out.push(outcome("co-location", || colocation(device)));
     out.push(outcome("profile sweep", || sweep(device)));
     out.push(outcome("measured colocations", || colocations(device)));
-    // A faulting kernel ends the CUDA context, and every check after it. The fused
-    // attention kernels have passed the CPU emulation only; the six-way stage split in turn
-    // failed in cuBLAS on the H200, whether leaving the context usable or not is unknown:
-    // so the kernels first, then the stage in one split, and last split in turn.
+    // A failed capture ends with the capture (it is not sticky); the attention kernels have
+    // run under the CPU emulation only.
+    out.push(outcome("CUDA graph (a block's forward)", || launch(device)));
     out.push(outcome("fused attention", || attention(device)));
+    // NCCL's start-up opens a bootstrap socket, the one step here that could wait on
+    // something other than the GPU: before the six-way stages all the same, since the stage
+    // split in turn failed in cuBLAS on the H200, perhaps ending the context.
+    out.push(outcome("NCCL bucket (one rank)", || nccl_bucket(device)));
     for how in [Carving::OneSplit, Carving::InTurn] {
         let name = format!("six slots at once ({how:?})");
-        out.push(match device.create_stage_by(&SIX, how) {
-            Ok(slots) => outcome(&name, || six_slots(device, &slots)),
+        out.push(match caught(|| device.create_stage_by(&SIX, how)) {
+            Ok(Ok(slots)) => outcome(&name, || six_slots(device, &slots)),
             // A stage the driver will not carve in one split is split in turn.
-            Err(e) if how == Carving::OneSplit => GpuCheck::new(
+            Ok(Err(e)) if how == Carving::OneSplit => GpuCheck::new(
                 &name,
                 Outcome::Skip,
                 format!("the driver refused it ({e}); stages are split in turn"),
             ),
-            Err(e) => GpuCheck::new(&name, Outcome::Fail, e.to_string()),
+            Ok(Err(e)) => GpuCheck::new(&name, Outcome::Fail, e.to_string()),
+            Err(why) => GpuCheck::new(&name, Outcome::Fail, why),
         });
     }
-    // A stream capture that goes wrong may leave the context unusable: after the rest.
-    out.push(outcome("CUDA graph (a block's forward)", || launch(device)));
-    // Last: NCCL's start-up opens a bootstrap socket, the one step here that could wait
-    // on something other than the GPU.
-    out.push(outcome("NCCL bucket (one rank)", || nccl_bucket(device)));
 }
 
 /// Runs one check; a panic inside it (candle and cudarc panic on some CUDA failures) fails
 /// that check only, so the checks after it still run.
 fn outcome(name: &str, check: impl FnOnce() -> Res<(bool, String)>) -> GpuCheck {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+    match caught(check) {
         Ok(Ok((pass, figure))) => GpuCheck::judged(name, pass, figure),
         Ok(Err(e)) => GpuCheck::new(name, Outcome::Fail, e.to_string()),
-        Err(panic) => {
-            let why = (panic.downcast_ref::<String>().cloned())
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic".into());
-            GpuCheck::new(name, Outcome::Fail, format!("panicked: {why}"))
-        }
+        Err(why) => GpuCheck::new(name, Outcome::Fail, why),
     }
+}
+
+/// `f`'s result, or what it panicked with.
+fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let why = (panic.downcast_ref::<String>().cloned())
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into());
+        format!("panicked: {why}")
+    })
 }
 
 /// One slot of `quota` for `module`, alone in its stage.

@@ -1,6 +1,7 @@
 //! Timings on slots: SM confinement, two slots overlapping, ImageBind's six-way stage
 //! running products at once, and what launching costs a block.
 
+use std::sync::Barrier;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -11,17 +12,33 @@ use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
 
 /// `n` bf16 matmuls of 4096² on `dev`, timed to the stream's end, in ms.
 fn matmuls(dev: &Device, n: usize) -> Res<f64> {
-    let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
-    let b =
-        (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3).map_err(tensor)?;
-    let _warm = a.matmul(&b).map_err(tensor)?;
-    dev.synchronize().map_err(tensor)?;
-    let t = Instant::now();
+    let (start, end) = matmul_span(dev, n, None)?;
+    Ok((end - start).as_secs_f64() * 1e3)
+}
+
+/// When `n` bf16 matmuls of 4096² on `dev` started and when the stream had done them, after
+/// one to warm up and, once warm, a wait at `ready` (every thread of a co-located run waits,
+/// failed or not, so that none is left waiting).
+fn matmul_span(dev: &Device, n: usize, ready: Option<&Barrier>) -> Res<(Instant, Instant)> {
+    let warm = || -> Res<(Tensor, Tensor)> {
+        let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
+        let b = (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3)
+            .map_err(tensor)?;
+        let _warm = a.matmul(&b).map_err(tensor)?;
+        dev.synchronize().map_err(tensor)?;
+        Ok((a, b))
+    };
+    let warm = warm();
+    if let Some(ready) = ready {
+        ready.wait();
+    }
+    let (a, b) = warm?;
+    let start = Instant::now();
     for _ in 0..n {
         let _ = a.matmul(&b).map_err(tensor)?;
     }
     dev.synchronize().map_err(tensor)?;
-    Ok(t.elapsed().as_secs_f64() * 1e3)
+    Ok((start, Instant::now()))
 }
 
 /// Matmuls per timing: 4096³ × 2 × 40 = 5.5 TFLOP, ~8 ms on a whole H100.
@@ -66,9 +83,19 @@ pub(super) fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
         .iter()
         .map(|d| matmuls(d, MATMULS))
         .collect::<Res<Vec<_>>>()?;
-    let t = Instant::now();
-    let together = at_once(&devs, |_, d| matmuls(d, MATMULS))?;
-    let wall = t.elapsed().as_secs_f64() * 1e3;
+    // From the first slot's start to the last one's end, both warm.
+    let ready = Barrier::new(devs.len());
+    let spans = at_once(&devs, |_, d| matmul_span(d, MATMULS, Some(&ready)))?;
+    let ms = |from: Instant, to: Instant| (to - from).as_secs_f64() * 1e3;
+    let together: Vec<f64> = spans.iter().map(|&(from, to)| ms(from, to)).collect();
+    let (first, last) = (
+        spans.iter().map(|s| s.0).min(),
+        spans.iter().map(|s| s.1).max(),
+    );
+    let wall = match (first, last) {
+        (Some(first), Some(last)) => ms(first, last),
+        _ => f64::NAN,
+    };
     let sum: f64 = alone.iter().sum();
     Ok((
         wall < 0.8 * sum,
