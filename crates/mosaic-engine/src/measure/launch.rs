@@ -147,12 +147,15 @@ mod on_device {
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .w()?;
-        let captured = run();
+        // A panic inside (candle and cudarc panic on some CUDA failures) is raised again once
+        // the capture has ended, so that the thread is not left capturing.
+        let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
         // cudarc keeps a failed free's error for the next call, which would then return it
         // before ending the capture: taken here, reported after the capture has ended.
         let pending = stream.context().check_err();
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let graph = stream.end_capture(flags);
+        let captured = captured.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         pending.w()?;
         let result = captured?;
         let Some(graph) = graph.w()? else {
