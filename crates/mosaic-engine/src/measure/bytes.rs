@@ -80,9 +80,29 @@ fn storage_of(t: &Tensor) -> (usize, u64) {
     let key = &*storage as *const Storage as usize;
     let bytes = match &*storage {
         Storage::Cpu(c) => cpu_storage_bytes(c),
+        #[cfg(mosaic_gpu)]
+        Storage::Cuda(c) => cuda_storage_bytes(c),
+        // The view's own size, where the storage's is not known to this build.
         _ => layout.shape().elem_count() * t.dtype().size_in_bytes(),
     };
     (key, bytes as u64)
+}
+
+#[cfg(mosaic_gpu)]
+fn cuda_storage_bytes(c: &candle_core::CudaStorage) -> usize {
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    match &c.slice {
+        S::U8(s) | S::F6E2M3(s) | S::F6E3M2(s) | S::F4(s) | S::F8E8M0(s) => s.num_bytes(),
+        S::U32(s) => s.num_bytes(),
+        S::I16(s) => s.num_bytes(),
+        S::I32(s) => s.num_bytes(),
+        S::I64(s) => s.num_bytes(),
+        S::BF16(s) => s.num_bytes(),
+        S::F16(s) => s.num_bytes(),
+        S::F32(s) => s.num_bytes(),
+        S::F64(s) => s.num_bytes(),
+        S::F8E4M3(s) => s.num_bytes(),
+    }
 }
 
 fn cpu_storage_bytes(c: &CpuStorage) -> usize {
