@@ -15,8 +15,10 @@ moved per byte of gradient, two kernel launches), although in a transformer near
 has one consumer and its sum one term. On a GPU, where the products are fast and such passes are
 bound by memory traffic, that is most of the elementwise work of a backward pass. Upstream PRs
 #3578 and #3822 (open) change it as this script does: `GradStore::accumulate` stores the first
-gradient (made contiguous, as the sum was) and adds the later ones; `accumulate_neg` does the
-same for the rules that subtract. Where the first gradient's shape, dtype or device differs from
+gradient as it is and adds the later ones; `accumulate_neg` does the same for the rules that
+subtract. A first gradient that is a strided view, or starts inside its storage, is copied out
+as candle's sum would have been: CUDA's `index_add`, which a kept `or_insert` feeds, takes a
+sum to start where its storage does. Where the first gradient's shape, dtype or device differs from
 the tensor's, it takes candle's own path (zeros, then add), so candle's errors are unchanged.
 The values are those of candle's path except the sign of a zero (0 + g is g; 0 - g is -g).
 
@@ -48,15 +50,19 @@ HELPERS = '''
     }
 
     /// `tensor`'s gradient plus `grad`, or minus it if `negate`. Where there is none yet and
-    /// `grad` has `tensor`'s shape, dtype and device, `grad` itself (negated); otherwise
-    /// candle's own sum into zeros, with its errors.
+    /// `grad` has `tensor`'s shape, dtype and device, `grad` itself (negated), or a contiguous
+    /// copy of it where it is a strided view or starts inside its storage, since the rules
+    /// that keep `or_insert` (CUDA's `index_add`) take a sum to start where its storage does,
+    /// as candle's zeros did; otherwise candle's own sum into zeros, with its errors.
     fn sum_in(&mut self, tensor: &Tensor, grad: &Tensor, negate: bool) -> Result<()> {
         let fits = tensor.shape() == grad.shape()
             && tensor.dtype() == grad.dtype()
             && tensor.device().same_device(grad.device());
+        let own = grad.is_contiguous() && grad.layout().start_offset() == 0;
         let sum = match self.0.remove(&tensor.id()) {
             None if fits && negate => grad.neg()?,
-            None if fits => grad.contiguous()?,
+            None if fits && own => grad.clone(),
+            None if fits => grad.force_contiguous()?,
             sum => {
                 let sum = match sum {
                     Some(sum) => sum,
