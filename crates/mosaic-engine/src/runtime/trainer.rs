@@ -735,7 +735,9 @@ impl Trainer {
     }
 
     /// The whole batch of module `m`'s row shards, on every rank: this rank's `local` rows (its
-    /// replicas' shards in replica order, `None` if it holds none) and the other ranks'.
+    /// replicas' shards in replica order, `None` if it holds none) and the other ranks'. Across
+    /// ranks the rows meet on the host and stay there: each reader copies them onto its own
+    /// stream, where an upload onto `m`'s stream would race the readers' copies.
     fn gather_rows(&self, m: usize, local: Option<Tensor>) -> Result<Tensor, EngineError> {
         let name = self.model.modules[m].name;
         if self.collective.world() == 1 {
@@ -761,7 +763,7 @@ impl Trainer {
         }
         let mut dims = dims.expect("some rank holds a replica");
         dims[0] = self.config.batch;
-        Tensor::from_vec(pieces.concat(), dims, &self.devices[m]).map_err(EngineError::tensor(name))
+        Tensor::from_vec(pieces.concat(), dims, &Device::Cpu).map_err(EngineError::tensor(name))
     }
 
     /// The sum over ranks of the ranks' `local` tensors (`None` where a rank has none), in rank
