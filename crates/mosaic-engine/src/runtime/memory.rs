@@ -15,13 +15,11 @@ pub(crate) fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineErr
     // Bytes a parameter holds on the GPU for the whole run: its f32 value, gradient and two
     // AdamW moments.
     const BYTES_PER_PARAM: u64 = 16;
-    use cudarc::driver::result::{device::get_default_mem_pool, mem_pool::trim_to};
     // What the default pool keeps of earlier runs in this process (`GpuDevice::open` has it
     // keep everything freed) is free for this one: hand it back to the driver first.
-    // SAFETY: the device comes from the context, the pool from the device.
     let (free, total) = cudarc::driver::CudaContext::new(ordinal)
         .and_then(|ctx| {
-            unsafe { trim_to(get_default_mem_pool(ctx.cu_device())?, 0)? };
+            trim_pool(&ctx)?;
             ctx.mem_get_info()
         })
         .map_err(|e| EngineError::Cuda {
@@ -47,6 +45,31 @@ pub(crate) fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineErr
             gib(total as u64)
         ),
     })
+}
+
+/// Hands back to the driver what the default memory pool of `ctx`'s device keeps.
+#[cfg(all(feature = "cuda", mosaic_gpu))]
+fn trim_pool(ctx: &cudarc::driver::CudaContext) -> Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::result::{device::get_default_mem_pool, mem_pool::trim_to};
+    // SAFETY: the device comes from the context, the pool from the device.
+    unsafe { trim_to(get_default_mem_pool(ctx.cu_device())?, 0) }
+}
+
+/// After a failed trial step on CUDA device `ordinal`: waits for `devices` (a failed module
+/// returns without waiting for its stream), then hands back what the default pool keeps of
+/// the step's freed tensors (`GpuDevice::open` has it keep everything), so that what allocates
+/// outside the pool later — kernel images a thread loads, cuBLAS's workspace, NCCL — finds the
+/// memory free. Best effort: a failure here shows again in what comes next.
+pub(crate) fn release_after_failure(devices: &[candle_core::Device], ordinal: usize) {
+    for device in devices {
+        let _ = device.synchronize();
+    }
+    #[cfg(all(feature = "cuda", mosaic_gpu))]
+    if let Ok(ctx) = cudarc::driver::CudaContext::new(ordinal) {
+        let _ = trim_pool(&ctx);
+    }
+    #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
+    let _ = ordinal;
 }
 
 /// Runs `trial_step` (one step's forward and backward passes on the GPU, nothing updated) so

@@ -287,7 +287,11 @@ impl Trainer {
             let (ranks, batch) = (trainer.collective.world(), trainer.config.batch);
             trainer.recomputing =
                 super::memory::fit_or_recompute(&trainer.model, ranks, batch, ordinal, || {
-                    trainer.trial_step()
+                    let step = trainer.trial_step();
+                    if step.is_err() {
+                        super::memory::release_after_failure(&trainer.devices, ordinal);
+                    }
+                    step
                 })?;
         }
         Ok(trainer)
