@@ -130,6 +130,9 @@ pub fn colocations_gpu(
             match on_device::measure(&profiler, &picks, sms.clone()) {
                 // As the trainer runs a stage that does not fit: recomputing activations.
                 Err(e) if e.is_out_of_memory() => {
+                    let mut all = devices.clone();
+                    all.push(rest.clone());
+                    crate::runtime::memory::release_pool(&all, ordinal);
                     for &(m, _, _) in &picks {
                         profiler.model().modules[m].net.set_recompute(true);
                     }
@@ -138,6 +141,8 @@ pub fn colocations_gpu(
                 other => other?,
             }
         };
+        // What the sample's tensors held goes back to the driver before the next slots.
+        crate::runtime::memory::release_pool(std::slice::from_ref(&rest), ordinal);
         on_sample(s, &sample);
         out.push(sample);
     }

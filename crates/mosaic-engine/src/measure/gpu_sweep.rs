@@ -71,13 +71,18 @@ pub fn sweep_gpu(
             let profiler = Profiler::on(model, config.clone(), host.clone(), &|_| device.clone())?;
             for m in 0..profiler.model().modules.len() {
                 for dp in profiler.dps() {
-                    let point = on_device::point(&profiler, m, dp, quota, sms, &nvml)?;
+                    let release = || {
+                        crate::runtime::memory::release_pool(std::slice::from_ref(&device), ordinal)
+                    };
+                    let point = on_device::point(&profiler, m, dp, quota, sms, &nvml, &release)?;
                     on_point(&point);
                     points.push(point);
                 }
             }
             profile.get_or_insert_with(|| profiler.profile(Some(info.clone()), Vec::new()));
         }
+        // What the partition's tensors held goes back to the driver before the next slot.
+        crate::runtime::memory::release_pool(&[], ordinal);
     }
     let mut profile = profile.expect("every device has its whole SMs as a partition");
     let module = |p: &Point| profile.modules.iter().position(|m| m.name == p.module);
@@ -127,7 +132,7 @@ mod on_device {
     /// of the device): warm-up, the timed iterations, more until NVML has sampled
     /// [`BUSY_WINDOW`] of them. A point that runs out of memory is measured again with the
     /// module recomputing its activations, as the trainer would run it
-    /// ([`crate::models::recompute`]).
+    /// ([`crate::models::recompute`]), once `release` has handed the failed run's memory back.
     pub(super) fn point(
         profiler: &Profiler,
         m: usize,
@@ -135,6 +140,7 @@ mod on_device {
         quota: f64,
         sms: u32,
         nvml: &Nvml,
+        release: &dyn Fn(),
     ) -> Result<Point, EngineError> {
         let measure = || -> Result<Point, EngineError> {
             let run = Run::new(profiler, m, dp)?;
@@ -154,6 +160,7 @@ mod on_device {
         let net = &profiler.model().modules[m].net;
         match measure() {
             Err(e) if e.is_out_of_memory() && net.set_recompute(true) => {
+                release();
                 let point = measure();
                 net.set_recompute(false);
                 Ok(Point {

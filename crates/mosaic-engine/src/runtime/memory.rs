@@ -55,12 +55,13 @@ fn trim_pool(ctx: &cudarc::driver::CudaContext) -> Result<(), cudarc::driver::Dr
     unsafe { trim_to(get_default_mem_pool(ctx.cu_device())?, 0) }
 }
 
-/// After a failed trial step on CUDA device `ordinal`: waits for `devices` (a failed module
-/// returns without waiting for its stream), then hands back what the default pool keeps of
-/// the step's freed tensors (`GpuDevice::open` has it keep everything), so that what allocates
-/// outside the pool later — kernel images a thread loads, cuBLAS's workspace, NCCL — finds the
-/// memory free. Best effort: a failure here shows again in what comes next.
-pub(crate) fn release_after_failure(devices: &[candle_core::Device], ordinal: usize) {
+/// Waits for `devices` (a failed step returns without waiting for its streams), then hands
+/// back to the driver what the default pool of CUDA device `ordinal` keeps of freed tensors
+/// (`GpuDevice::open` has it keep everything): after a step that ran out of memory, and between
+/// a sweep's runs, so that what allocates outside the pool later — a new device's cuBLAS
+/// handle, kernel images a thread loads, NCCL — finds the memory free. Best effort: a failure
+/// here shows again in what comes next.
+pub(crate) fn release_pool(devices: &[candle_core::Device], ordinal: usize) {
     for device in devices {
         let _ = device.synchronize();
     }

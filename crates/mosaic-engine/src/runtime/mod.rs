@@ -5,7 +5,7 @@
 pub mod checkpoint;
 pub mod collective;
 pub mod feed;
-mod memory;
+pub(crate) mod memory;
 pub(crate) mod on_gpu;
 pub mod optim;
 pub mod schedule;

@@ -289,7 +289,7 @@ impl Trainer {
                 super::memory::fit_or_recompute(&trainer.model, ranks, batch, ordinal, || {
                     let step = trainer.trial_step();
                     if step.is_err() {
-                        super::memory::release_after_failure(&trainer.devices, ordinal);
+                        super::memory::release_pool(&trainer.devices, ordinal);
                     }
                     step
                 })?;

@@ -2,10 +2,13 @@
 //! On the device present — one GPU (`--device cuda`) or this machine's CPU — a zoo-built model
 //! trains by the Mosaic plan for one GPU and by every module alone on the whole device one
 //! after another (Megatron-LM's schedule; DistMM's whole-GPU stages are the same schedule on
-//! one GPU), at each per-GPU batch; it prints the measured step times, the speed-up and the
-//! planner's prediction error for the plan it ran, then, for each stage of the plan whose
-//! modules share the device, that stage against its modules one after another and each
-//! module's slowdown in its slot beside its share of the SMs: where co-location pays and why.
+//! one GPU), at each per-GPU batch; it prints the measured times of both (the steps' stages,
+//! which the plan predicts, with the whole steps, which add drawing the batch on the host and
+//! reading the loss back), the speed-up and the planner's prediction error for the plan it ran,
+//! then, for each stage of the plan whose modules share the device, that stage against its
+//! modules one after another and each module's slowdown in its slot beside its share of the
+//! SMs: where co-location pays and why. Every model and zoo plan is checked before any step;
+//! a (model, batch) that fails to train is reported as such and the others still run.
 //!
 //! The plan comes from the zoo's profile of the model (the calibrated device model of
 //! `--cluster`'s device, per-GPU batch as its batch), so its prediction is about the model at
@@ -73,8 +76,10 @@ struct Row {
     batch: usize,
     plan: String,
     predicted_ms: f64,
-    mosaic_ms: f64,
-    sequential_ms: f64,
+    /// By the plan.
+    mosaic: Timed,
+    /// Every module alone, one after another.
+    sequential: Timed,
     /// The plan's stages of more than one module, each against its modules one after another.
     shared: Vec<SharedStage>,
 }
@@ -109,10 +114,15 @@ struct SharedModule {
 struct Timed {
     /// The step.
     step_ms: f64,
+    /// The step's stages, summed: the step less drawing the batch on the host and reading the
+    /// loss back, what the plan predicts.
+    stages_ms: f64,
     /// Each stage: its forward and backward phases.
     stages: Vec<f64>,
     /// Each module by name: its forward plus backward pass (its slowest replica).
     modules: BTreeMap<String, f64>,
+    /// The modules that recompute their activations (a trial step ran out of memory).
+    recomputing: Vec<String>,
 }
 
 /// Runs `mosaic bench engine`.
@@ -125,43 +135,79 @@ pub fn run(args: &Args) -> Result<()> {
         "cuda" => Compute::Cuda(0),
         _ => Compute::Cpu,
     };
-    let mut header = !args.json;
+    // Every model, and every plan from the zoo, before any step: bad input ends the run
+    // before minutes of training.
+    let zoo_built: Vec<&str> = (models::MODELS.iter().map(|m| m.0))
+        .filter(|name| mosaic_zoo::model(name).is_ok())
+        .collect();
+    let mut rows = Vec::new();
     for name in &args.models {
+        if !zoo_built.contains(&name.as_str()) {
+            return Err(BadInput(format!(
+                "--models: {name} is not a zoo-built engine model; expected {}",
+                zoo_built.join(" or ")
+            ))
+            .into());
+        }
         let mut spec = mosaic_zoo::model(name).map_err(|e| BadInput(format!("--models: {e}")))?;
         for &batch in &args.batches {
             spec.single_node_batch = batch as u32;
             spec.global_batch = batch as u32;
-            let plan = if args.plan_from == "measured" {
-                plan_measured(name, batch, args)?
-            } else {
-                plan_for(&spec, &cluster)?
+            let plan = match args.plan_from.as_str() {
+                "measured" => None,
+                _ => Some(plan_for(&spec, &cluster)?),
             };
-            let row = measure(name, batch, &plan, args, compute)?;
-            if std::mem::take(&mut header) {
-                println!(
-                    "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
-                    "model",
-                    "batch",
-                    "predicted ms",
-                    "Mosaic ms",
-                    "1-by-1 ms",
-                    "speed-up",
-                    "pred. err"
-                );
-            }
-            print_row(&row, args)?;
+            rows.push((name.as_str(), batch, plan));
         }
     }
-    if !args.json && args.device == "cpu" {
-        let prediction = if args.plan_from == "measured" {
-            "from the modules measured alone on this CPU"
-        } else {
-            "for the real model on the cluster's GPU"
+    let mut header = !args.json;
+    let mut failed = 0;
+    for (name, batch, plan) in &rows {
+        let plan = match plan {
+            Some(plan) => Ok(plan.clone()),
+            None => plan_measured(name, *batch, args),
+        };
+        let row = plan.and_then(|plan| measure(name, *batch, &plan, args, compute));
+        if std::mem::take(&mut header) {
+            println!(
+                "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
+                "model", "batch", "predicted ms", "Mosaic ms", "1-by-1 ms", "speed-up", "pred. err"
+            );
+        }
+        match row {
+            Ok(row) => print_row(&row, args)?,
+            // Bad input fails every row alike: the run ends.
+            Err(e) if e.downcast_ref::<BadInput>().is_some() => return Err(e),
+            // One row failing (out of memory, a kernel, a slot) leaves the others to measure.
+            Err(e) => {
+                failed += 1;
+                print_failed(name, *batch, &e, args)?;
+            }
+        }
+    }
+    if !args.json {
+        let prediction = match (args.plan_from.as_str(), args.device.as_str()) {
+            ("measured", "cpu") => "from the modules measured alone on this CPU".to_string(),
+            ("measured", _) => "from the modules measured alone on this GPU".to_string(),
+            _ => format!(
+                "for the real model on one {} of {}",
+                cluster.device.name, cluster.name
+            ),
+        };
+        let threads = match args.device.as_str() {
+            "cpu" => format!(
+                "on the CPU a quota is round(quota × {}) threads; ",
+                available_cores()
+            ),
+            _ => String::new(),
         };
         println!(
-            "(on the CPU a quota is round(quota × {}) threads; the prediction is {prediction})",
-            available_cores()
+            "(Mosaic and 1-by-1: the stages' times, the batch drawn on the host and the loss \
+             read back left out; {threads}the prediction is {prediction})"
         );
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} rows failed (above)", rows.len());
     }
     Ok(())
 }
@@ -227,20 +273,27 @@ fn time(
     let reports = (0..steps)
         .map(|_| trainer.step().map_err(engine))
         .collect::<Result<Vec<StepReport>>>()?;
-    Ok(medians(&reports))
+    let recomputing = trainer
+        .recomputing()
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    Ok(Timed {
+        recomputing,
+        ..medians(&reports)
+    })
 }
 
 /// The medians of `reports` (at least one, every one of the same schedule).
 fn medians(reports: &[StepReport]) -> Timed {
     let of = |xs: Vec<f64>| median(&xs).expect("at least one timed step");
+    let stage = |r: &StepReport, k: usize| r.stages[k].forward_ms + r.stages[k].backward_ms;
     let stages = (0..reports[0].stages.len())
-        .map(|k| {
-            of(reports
-                .iter()
-                .map(|r| r.stages[k].forward_ms + r.stages[k].backward_ms)
-                .collect())
-        })
+        .map(|k| of(reports.iter().map(|r| stage(r, k)).collect()))
         .collect();
+    let stages_ms = of((reports.iter())
+        .map(|r| (0..r.stages.len()).map(|k| stage(r, k)).sum())
+        .collect());
     let mut per_step: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in reports {
         let mut slowest: BTreeMap<&str, f64> = BTreeMap::new();
@@ -254,8 +307,10 @@ fn medians(reports: &[StepReport]) -> Timed {
     }
     Timed {
         step_ms: of(reports.iter().map(|r| r.step_ms).collect()),
+        stages_ms,
         stages,
         modules: per_step.into_iter().map(|(n, ts)| (n, of(ts))).collect(),
+        recomputing: Vec::new(),
     }
 }
 
@@ -306,20 +361,25 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
         batch,
         plan: described,
         predicted_ms: plan.iteration_ms,
-        mosaic_ms: by_plan.step_ms,
-        sequential_ms: alone.step_ms,
         shared: shared_stages(&mosaic, &by_plan, &alone),
+        mosaic: by_plan,
+        sequential: alone,
     })
 }
 
 fn print_row(row: &Row, args: &Args) -> Result<()> {
     let predicts = args.plan_from == "measured" || (args.size == 1.0 && args.device == "cuda");
-    let error = predicts.then(|| (row.predicted_ms - row.mosaic_ms) / row.mosaic_ms);
+    let (mosaic_ms, sequential_ms) = (row.mosaic.stages_ms, row.sequential.stages_ms);
+    let error = predicts.then(|| (row.predicted_ms - mosaic_ms) / mosaic_ms);
     if args.json {
         let line = json!({
             "model": row.model, "batch": row.batch, "device": args.device, "size": args.size,
-            "plan": row.plan, "predicted_ms": row.predicted_ms, "mosaic_ms": row.mosaic_ms,
-            "sequential_ms": row.sequential_ms, "speedup": row.sequential_ms / row.mosaic_ms,
+            "plan": row.plan, "predicted_ms": row.predicted_ms, "mosaic_ms": mosaic_ms,
+            "sequential_ms": sequential_ms, "speedup": sequential_ms / mosaic_ms,
+            "mosaic_step_ms": row.mosaic.step_ms, "sequential_step_ms": row.sequential.step_ms,
+            "recomputing": {
+                "mosaic": row.mosaic.recomputing, "sequential": row.sequential.recomputing,
+            },
             "plan_from": args.plan_from,
             "prediction_error": error,
             "shared_stages": row.shared,
@@ -332,15 +392,44 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             row.model,
             row.batch,
             row.predicted_ms,
-            row.mosaic_ms,
-            row.sequential_ms,
-            row.sequential_ms / row.mosaic_ms,
+            mosaic_ms,
+            sequential_ms,
+            sequential_ms / mosaic_ms,
             error,
             row.plan
         );
+        println!(
+            "    whole steps: {:.2} ms by the plan, {:.2} one after another",
+            row.mosaic.step_ms, row.sequential.step_ms
+        );
+        for (schedule, timed) in [
+            ("the plan", &row.mosaic),
+            ("one after another", &row.sequential),
+        ] {
+            if !timed.recomputing.is_empty() {
+                println!(
+                    "    recomputing activations by {schedule}: {}",
+                    timed.recomputing.join(", ")
+                );
+            }
+        }
         for stage in &row.shared {
             println!("{}", describe_stage(stage));
         }
+    }
+    Ok(())
+}
+
+/// A (model, batch) whose measurement failed, and why.
+fn print_failed(model: &str, batch: usize, e: &anyhow::Error, args: &Args) -> Result<()> {
+    if args.json {
+        let line = json!({
+            "model": model, "batch": batch, "device": args.device, "size": args.size,
+            "error": format!("{e:#}"),
+        });
+        println!("{}", serde_json::to_string(&line)?);
+    } else {
+        println!("{model:<10} {batch:>5}  failed: {e:#}");
     }
     Ok(())
 }
@@ -430,6 +519,8 @@ mod tests {
         ];
         let t = medians(&reports);
         assert_eq!(t.step_ms, 20.0);
+        // The steps' stages summed: 4 + 2, 6 + 3, 10 + 2.
+        assert_eq!(t.stages_ms, 9.0);
         // Stage 0: 2 + 2, 3 + 3, 5 + 5; stage 1: 2, 3, 2.
         assert_eq!(t.stages, [6.0, 2.0]);
         // a's slowest replica: 4, 6, 10.
