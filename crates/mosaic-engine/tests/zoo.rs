@@ -132,8 +132,10 @@ fn recomputing_activations_keeps_the_losses_and_gradients() {
 }
 
 /// At size 1 each module's parameters are the zoo's count (which neglects norms and biases,
-/// and for ImageBind's text its 2048 learned positions: within 2 %). Ignored: it allocates the real models on the CPU (2.5 GB for
-/// ImageBind); `cargo test -p mosaic-engine --profile ci --test zoo -- --ignored --nocapture`.
+/// and for ImageBind's text its 2048 learned positions: within 2 %); it prints the time each
+/// took to build and to draw a batch of 16. Ignored: it allocates the real models on the CPU
+/// (2.5 GB for ImageBind); `cargo test -p mosaic-engine --profile ci --test zoo -- --ignored
+/// --nocapture`.
 #[test]
 #[ignore]
 fn at_size_one_parameter_counts_are_the_zoos() {
@@ -147,5 +149,16 @@ fn at_size_one_parameter_counts_are_the_zoos() {
             assert!((ours / zoo - 1.0).abs() < 0.02, "{name}/{}", module.name);
         }
         println!("{name} built in {:.1} s", t.elapsed().as_secs_f64());
+        // What the host spends drawing a step's synthetic batch (the trainer draws the next one
+        // ahead on a GPU): median of 3 batches of 16.
+        let mut ms: Vec<f64> = (0..3)
+            .map(|step| {
+                let t = std::time::Instant::now();
+                m.data.batch(step, 16, &Device::Cpu).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        println!("{name}: a batch of 16 drawn in {:.0} ms", ms[1]);
     }
 }

@@ -225,14 +225,18 @@ impl DataSource for ZooData {
             let t = s.shape.tokens;
             let tensor = match s.shape.reads {
                 Reads::Patches(width) => {
+                    // A sample is the sum of its attributes' patterns, in attribute order, a
+                    // pattern at a time (one pass each, which the compiler vectorises).
                     let mut values = Vec::with_capacity(batch * t * width);
                     for a in &attrs {
-                        let parts: Vec<&[f32]> = (0..ATTRS)
-                            .map(|j| s.patterns[j * VALUES + a[j]].as_slice())
-                            .collect();
-                        values.extend(
-                            (0..t * width).map(|i| parts.iter().map(|p| p[i]).sum::<f32>()),
-                        );
+                        let start = values.len();
+                        values.extend_from_slice(&s.patterns[a[0]]);
+                        for (j, &v) in a.iter().enumerate().skip(1) {
+                            let pattern = &s.patterns[j * VALUES + v];
+                            for (x, p) in values[start..].iter_mut().zip(pattern) {
+                                *x += p;
+                            }
+                        }
                     }
                     Tensor::from_vec(values, (batch, t, width), device)?
                 }
@@ -434,6 +438,43 @@ fn build_computing(
 mod tests {
     use super::super::nn::to_f32s;
     use super::*;
+
+    #[test]
+    fn a_patch_input_is_its_attributes_patterns_summed_in_order() {
+        let m = (encoders("imagebind").into_iter())
+            .find(|m| matches!(Shape::of(m, 0.05).reads, Reads::Patches(_)))
+            .expect("an encoder reading patches");
+        let shape = Shape::of(&m, 0.05);
+        let Reads::Patches(width) = shape.reads else {
+            unreachable!()
+        };
+        let n = shape.tokens * width;
+        let mut rng = SplitMix64::new(9);
+        let patterns: Vec<Vec<f32>> = (0..ATTRS * VALUES).map(|_| rng.normals(n, 0.5)).collect();
+        let data = ZooData {
+            sources: vec![Source {
+                name: "x",
+                shape,
+                patterns: patterns.clone(),
+            }],
+            seed: 4,
+        };
+        let got = to_f32s(&data.batch(3, 5, &Device::Cpu).unwrap().tensors["x"]).unwrap();
+        // Each sample's attributes as the batch draws them, and each value the sum of their
+        // patterns' values, in attribute order.
+        let mut rng = SplitMix64::stream(4, "zoo/batch", 3);
+        let attrs: Vec<[usize; ATTRS]> = (0..5)
+            .map(|_| std::array::from_fn(|_| rng.below(VALUES as u64) as usize))
+            .collect();
+        let want: Vec<f32> = (attrs.iter())
+            .flat_map(|a| {
+                let patterns = &patterns;
+                (0..n).map(move |i| (0..ATTRS).map(|j| patterns[j * VALUES + a[j]][i]).sum())
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+    }
 
     #[test]
     fn an_unknown_encoder_is_named_with_the_ones_there_are() {
