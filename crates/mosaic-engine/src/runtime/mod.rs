@@ -1,6 +1,7 @@
 //! What runs a plan: the [`schedule`] a plan becomes, the execution [`slot`]s its modules run
 //! in, the [`trainer`] that iterates stage by stage, the [`collective`]s that carry tensors
-//! between processes, the [`optim`]izer, and atomic [`checkpoint`]s.
+//! between processes, the [`optim`]izer, atomic [`checkpoint`]s, and the next batch drawn
+//! while a step trains ([`prefetch`]).
 
 pub mod checkpoint;
 pub mod collective;
@@ -8,6 +9,7 @@ pub mod feed;
 pub(crate) mod memory;
 pub(crate) mod on_gpu;
 pub mod optim;
+pub mod prefetch;
 pub mod schedule;
 pub mod slot;
 pub mod trainer;

@@ -265,7 +265,10 @@ impl Trainer {
                 (model, devices, SlotPool::new(specs, config.slots)?)
             }
             Compute::Cuda(ordinal) => {
-                let gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
+                let mut gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
+                // The host draws the next batch while the GPU trains on this one (on a CPU the
+                // slots' threads have every core).
+                gpu.model.data = super::prefetch::Prefetched::wrap(gpu.model.data);
                 (gpu.model, gpu.devices, gpu.slots)
             }
         };
