@@ -32,6 +32,14 @@ pub trait DataSource: Send + Sync {
 
     /// The tensors of a batch: name, shape of one sample, kind of values.
     fn fields(&self) -> Vec<Field>;
+
+    /// Whether drawing a batch costs the caller's thread enough to draw the next one ahead on
+    /// another while a GPU step trains ([`crate::runtime::prefetch`]): a source computed where
+    /// it is asked, with no order of its own to keep (not a feed, whose producers work ahead
+    /// already). No by default.
+    fn worth_drawing_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// What kind of values a data input holds.

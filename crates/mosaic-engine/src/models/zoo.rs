@@ -195,6 +195,11 @@ struct ZooData {
 }
 
 impl DataSource for ZooData {
+    /// Yes: a real-size batch sums tens of millions of pattern values on the host.
+    fn worth_drawing_ahead(&self) -> bool {
+        true
+    }
+
     fn fields(&self) -> Vec<Field> {
         self.sources
             .iter()

@@ -2,7 +2,8 @@
 //! step `s + 1`'s batch on a thread of its own, so that drawing it on the host (real-size
 //! ImageBind's inputs at batch 16 are some 30 M values, each a sum of three patterns) leaves a
 //! GPU step's critical path. The batches are the inner source's, bit for bit: a batch depends
-//! only on its step.
+//! only on its step. The trainer wraps the sources that say drawing ahead is worth it
+//! ([`DataSource::worth_drawing_ahead`]: the zoo's synthetic data), on a GPU.
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -145,6 +146,15 @@ mod tests {
             asked: Arc::clone(&asked),
         }));
         let reference = clip();
+        assert!(
+            reference.data.worth_drawing_ahead(),
+            "the zoo's data is drawn ahead"
+        );
+        let tiny = models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+        assert!(
+            !tiny.data.worth_drawing_ahead(),
+            "by default a source is not"
+        );
         let cpu = &Device::Cpu;
         // A trial step asks for step 0 twice, then training goes on from it.
         for step in [0, 0, 0, 1, 2] {

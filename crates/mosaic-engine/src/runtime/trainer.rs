@@ -268,7 +268,9 @@ impl Trainer {
                 let mut gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
                 // The host draws the next batch while the GPU trains on this one (on a CPU the
                 // slots' threads have every core).
-                gpu.model.data = super::prefetch::Prefetched::wrap(gpu.model.data);
+                if gpu.model.data.worth_drawing_ahead() {
+                    gpu.model.data = super::prefetch::Prefetched::wrap(gpu.model.data);
+                }
                 (gpu.model, gpu.devices, gpu.slots)
             }
         };
