@@ -115,6 +115,17 @@ pub struct StageReport {
     pub modules: Vec<ModuleTiming>,
 }
 
+/// One iteration's results (see [`Trainer::iterate`]).
+struct Iteration {
+    loss: f32,
+    /// The wait for the batch, ms.
+    data_ms: f64,
+    stages: Vec<StageReport>,
+    /// Every module's summed parameter gradients where not applied (empty for a module with
+    /// no replica on this rank), else empty.
+    grads: Vec<Vec<Tensor>>,
+}
+
 /// What one training step did.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepReport {
@@ -124,6 +135,9 @@ pub struct StepReport {
     pub loss: f32,
     /// Wall-clock time of the step, in ms.
     pub step_ms: f64,
+    /// Of it, the wait for the batch, in ms (on a GPU the zoo's batches are drawn ahead, so
+    /// near 0).
+    pub data_ms: f64,
     /// Per stage, in execution order.
     pub stages: Vec<StageReport>,
 }
@@ -358,21 +372,22 @@ impl Trainer {
     /// step, and the next data position.
     pub fn step(&mut self) -> Result<StepReport, EngineError> {
         let start = Instant::now();
-        let (loss, stages, _) = self.iterate(true)?;
+        let it = self.iterate(true)?;
         self.step += 1;
         Ok(StepReport {
             step: self.step,
-            loss,
+            loss: it.loss,
+            data_ms: it.data_ms,
             step_ms: ms(start),
-            stages,
+            stages: it.stages,
         })
     }
 
     /// The loss and every parameter's gradient on the current batch, without updating
     /// anything (the data position stays).
     pub fn gradients(&self) -> Result<(f32, Vec<ParamGrad>), EngineError> {
-        let (loss, _, grads) = self.iterate(false)?;
-        let mut grads = grads.expect("gradients are kept when not applied");
+        let it = self.iterate(false)?;
+        let (loss, mut grads) = (it.loss, it.grads);
         let world = self.collective.world();
         for (m, module) in self.model.modules.iter().enumerate() {
             if self.groups[m].len() == world {
@@ -414,20 +429,23 @@ impl Trainer {
     }
 
     /// Runs one iteration; `apply` steps the optimizers, else the summed gradients are
-    /// returned per module (empty for a module with no replica on this rank).
-    #[allow(clippy::type_complexity)]
-    fn iterate(
-        &self,
-        apply: bool,
-    ) -> Result<(f32, Vec<StageReport>, Option<Vec<Vec<Tensor>>>), EngineError> {
+    /// kept.
+    fn iterate(&self, apply: bool) -> Result<Iteration, EngineError> {
+        let start = Instant::now();
         let batch = self
             .model
             .data
             .batch(self.step, self.config.batch, &Device::Cpu)
             .map_err(EngineError::tensor("data"))?;
-        let (loss, mut reports, tapes) = self.forward_pass(&batch)?;
-        let param_grads = self.backward_pass(tapes, &mut reports, apply)?;
-        Ok((loss, reports, (!apply).then_some(param_grads)))
+        let data_ms = ms(start);
+        let (loss, mut stages, tapes) = self.forward_pass(&batch)?;
+        let grads = self.backward_pass(tapes, &mut stages, apply)?;
+        Ok(Iteration {
+            loss,
+            data_ms,
+            stages,
+            grads,
+        })
     }
 
     /// Runs one job per module of `stage`, each in its module's slot, all at the same time

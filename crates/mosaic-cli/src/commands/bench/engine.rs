@@ -490,6 +490,7 @@ mod tests {
             step: 1,
             loss: 0.0,
             step_ms,
+            data_ms: 0.0,
             stages,
         }
     }
