@@ -191,6 +191,7 @@ impl GpuDevice {
                 compute_capability: (major, minor),
                 primary,
                 whole,
+                refused_one_split: Default::default(),
             }),
         })
     }
@@ -251,20 +252,34 @@ impl GpuDevice {
     ///
     /// [`partition_sms`] first takes SMs back from the modules rounded up the most until the
     /// stage fits the device; the SMs are then carved by [`Carving::OneSplit`], or where the
-    /// driver refuses it, [`Carving::InTurn`] ([`GpuSlot::carving`] says which). Slots of
-    /// different stages may share SMs: stages do not overlap in time. [`GpuSlot::sms`] reports
-    /// what the driver granted, read back from the slot's context.
+    /// driver refuses it, [`Carving::InTurn`] ([`GpuSlot::carving`] says which; a stage of the
+    /// same SMs refused once goes straight to a split in turn, so that creating stages on
+    /// demand does not pay for the refusal each time). Slots of different stages may share
+    /// SMs: stages do not overlap in time. [`GpuSlot::sms`] reports what the driver granted,
+    /// read back from the slot's context.
     pub fn create_stage(&self, modules: &[(&str, f64)]) -> Result<Vec<GpuSlot>, EngineError> {
+        let quotas: Vec<f64> = modules.iter().map(|m| m.1).collect();
+        // A stage the partition rule refuses fails below, in either carving.
+        let key = self.stage_sms(&quotas).ok();
+        let refusals = || self.inner.refused_one_split.lock().expect("refusals lock");
+        if key.as_ref().is_some_and(|k| refusals().contains(k)) {
+            return self.create_stage_by(modules, Carving::InTurn);
+        }
         self.create_stage_by(modules, Carving::OneSplit)
             .or_else(|one| {
-                self.create_stage_by(modules, Carving::InTurn)
+                let slots = self
+                    .create_stage_by(modules, Carving::InTurn)
                     .map_err(|turn| match turn {
                         EngineError::Cuda { what, message } => EngineError::Cuda {
                             what,
                             message: format!("{message} (and in one split: {one})"),
                         },
                         other => other,
-                    })
+                    })?;
+                if let Some(key) = key {
+                    refusals().insert(key);
+                }
+                Ok(slots)
             })
     }
 

@@ -253,10 +253,14 @@ pub(super) struct DeviceInner {
     pub(super) compute_capability: (i32, i32),
     pub(super) primary: CUcontext,
     pub(super) whole: CUdevResource,
+    /// The stages (their SMs per module) the driver would not carve in one split: later ones
+    /// of the same SMs go straight to a split in turn.
+    pub(super) refused_one_split: std::sync::Mutex<std::collections::HashSet<Vec<u32>>>,
 }
 
 // SAFETY: the handles are process-wide driver objects, usable from any thread; the device is
-// read-only after `open` (its SM resource is copied before the driver sees it).
+// read-only after `open` (its SM resource is copied before the driver sees it), but for the
+// refusals it remembers, behind their lock.
 unsafe impl Send for DeviceInner {}
 unsafe impl Sync for DeviceInner {}
 
