@@ -69,11 +69,10 @@ pub fn sweep_gpu(
             // of this block, before the slot; it runs on this thread only.
             let device = unsafe { slot.candle_device(Binding::Primary)? };
             let profiler = Profiler::on(model, config.clone(), host.clone(), &|_| device.clone())?;
+            let release =
+                || crate::runtime::memory::release_pool(std::slice::from_ref(&device), ordinal);
             for m in 0..profiler.model().modules.len() {
                 for dp in profiler.dps() {
-                    let release = || {
-                        crate::runtime::memory::release_pool(std::slice::from_ref(&device), ordinal)
-                    };
                     let point = on_device::point(&profiler, m, dp, quota, sms, &nvml, &release)?;
                     on_point(&point);
                     points.push(point);
