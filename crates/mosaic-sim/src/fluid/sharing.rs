@@ -83,4 +83,46 @@ mod tests {
         assert_eq!(max_min(&[0.0, 1.0], &[one, one], &[10.0]), vec![0.0, 1.0]);
         assert!(max_min(&[], &[], &[1.0]).is_empty());
     }
+
+    proptest::proptest! {
+        /// Max-min fairness on random flows over up to three resources: no flow above its
+        /// demand, no resource above its capacity, and every flow short of its demand is held
+        /// by a full resource on which it has the largest share (the definition: it cannot grow
+        /// without shrinking a flow that has no more).
+        #[test]
+        fn max_min_is_fair(
+            flows in proptest::collection::vec(
+                (0.0f64..10.0, proptest::collection::btree_set(0usize..3, 1..=3)),
+                1..8,
+            ),
+            capacity in proptest::collection::vec(0.5f64..20.0, 3),
+        ) {
+            let caps: Vec<f64> = flows.iter().map(|f| f.0).collect();
+            let uses: Vec<Vec<usize>> = flows.iter().map(|f| f.1.iter().copied().collect()).collect();
+            let refs: Vec<&[usize]> = uses.iter().map(|u| u.as_slice()).collect();
+            let alloc = max_min(&caps, &refs, &capacity);
+            let tol = 1e-9;
+            let mut load = [0.0f64; 3];
+            for (i, u) in uses.iter().enumerate() {
+                proptest::prop_assert!(alloc[i] >= 0.0 && alloc[i] <= caps[i] + tol);
+                for &r in u {
+                    load[r] += alloc[i];
+                }
+            }
+            for r in 0..3 {
+                proptest::prop_assert!(load[r] <= capacity[r] * (1.0 + tol), "{load:?} {capacity:?}");
+            }
+            for (i, u) in uses.iter().enumerate() {
+                if alloc[i] < caps[i] - 1e-6 {
+                    let bottleneck = u.iter().any(|&r| {
+                        load[r] >= capacity[r] * (1.0 - 1e-6)
+                            && uses.iter().enumerate().all(|(j, v)| {
+                                !v.contains(&r) || alloc[j] <= alloc[i] + 1e-6
+                            })
+                    });
+                    proptest::prop_assert!(bottleneck, "flow {i} {alloc:?} {caps:?} {capacity:?}");
+                }
+            }
+        }
+    }
 }
