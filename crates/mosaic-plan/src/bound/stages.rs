@@ -1,0 +1,130 @@
+//! The stage-sequence relaxation: the least iteration time of a group of modules when each runs
+//! at its fastest time and a stage holds any number of them (no SM capacity), a stage lasting
+//! as long as its slowest module.
+//!
+//! Every plan is such a sequence with modules no faster, so its time bounds the plan's from
+//! below. Where the Lagrangian bound sees one critical path, this sees that modules at
+//! different depths add stages: a one-module encoder of 80 ms beside a 20 → 27 ms chain costs
+//! 100 ms at least (the chain's first stage beside it, or its second), not 80.
+//!
+//! Some optimal sequence puts into each stage every module it may run (all producers done)
+//! that is no slower than the stage: moving such a module there from a later stage lengthens
+//! nothing and frees its consumers sooner. So a stage is fixed by its slowest module's time,
+//! and a dynamic programme over the modules left tries, per stage, each time among the
+//! modules ready to run.
+
+use std::collections::HashMap;
+
+use mosaic_profile::{ModuleSet, PerfModel};
+
+/// The most module sets the programme solves over one bound's lifetime; past it the
+/// relaxation is skipped (the Lagrangian bound still holds).
+const MAX_STATES: usize = 200_000;
+
+/// The memoised programme of one problem's fastest times.
+pub(crate) struct Stages {
+    /// Per module, its fastest time.
+    fastest: Vec<f64>,
+    /// Per module, its ancestors.
+    ancestors: Vec<ModuleSet>,
+    /// The least time of each set of modules left, solved so far.
+    memo: HashMap<u64, f64>,
+}
+
+impl Stages {
+    /// The relaxation of `model` with per-module fastest times `fastest`.
+    pub(crate) fn new(model: &PerfModel, fastest: Vec<f64>) -> Self {
+        Stages {
+            fastest,
+            ancestors: model.modules.iter().map(|m| m.ancestors).collect(),
+            memo: HashMap::new(),
+        }
+    }
+
+    /// The least time of the stages that run `left` (a set closed under descendants within
+    /// itself: every module of it whose producers in it are done may run), or `None` once the
+    /// programme has solved [`MAX_STATES`] sets.
+    pub(crate) fn least(&mut self, left: ModuleSet) -> Option<f64> {
+        if left.is_empty() {
+            return Some(0.0);
+        }
+        if let Some(&t) = self.memo.get(&left.0) {
+            return Some(t);
+        }
+        if self.memo.len() >= MAX_STATES {
+            return None;
+        }
+        let ready: Vec<usize> = left
+            .iter()
+            .filter(|&m| self.ancestors[m].intersect(left).is_empty())
+            .collect();
+        let mut best = f64::INFINITY;
+        for &slowest in &ready {
+            let stage_ms = self.fastest[slowest];
+            let stage = ready
+                .iter()
+                .filter(|&&m| self.fastest[m] <= stage_ms)
+                .fold(ModuleSet::EMPTY, |s, &m| s.union(ModuleSet::single(m)));
+            // Ties give the same stage; solve it once.
+            if ready
+                .iter()
+                .any(|&m| m < slowest && self.fastest[m] == stage_ms)
+            {
+                continue;
+            }
+            let rest = self.least(left.minus(stage))?;
+            best = best.min(stage_ms + rest);
+        }
+        self.memo.insert(left.0, best);
+        Some(best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mosaic_profile::parse;
+
+    /// A model of the given modules (name, after) with one sample each at the given time.
+    fn model(modules: &[(&str, &str, f64)]) -> PerfModel {
+        let list: Vec<String> = modules
+            .iter()
+            .map(|(name, after, t)| {
+                format!(
+                    r#"{{"name": "{name}", "after": [{after}], "samples": [{{"dp": 1, "sm": 1.0,
+                    "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}}]}}"#
+                )
+            })
+            .collect();
+        let text = format!(
+            r#"{{"format": "mosaic-profiles/1",
+                "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
+                "modules": [{}],
+                "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
+            list.join(", ")
+        );
+        PerfModel::new(&parse(&text, "x.json").unwrap(), 0.1, "x.json").unwrap()
+    }
+
+    #[test]
+    fn modules_at_different_depths_add_stages() {
+        // text (80) beside the chain depth0 (20) → depth1 (27): text goes with depth1's stage
+        // (20 + 80) rather than depth0's (80 + 27).
+        let m = model(&[
+            ("text", "", 80.0),
+            ("d0", "", 20.0),
+            ("d1", r#""d0""#, 27.0),
+        ]);
+        let mut stages = Stages::new(&m, vec![80.0, 20.0, 27.0]);
+        assert_eq!(stages.least(ModuleSet::all(3)), Some(100.0));
+        // Without text, the chain alone.
+        assert_eq!(stages.least(ModuleSet(0b110)), Some(47.0));
+    }
+
+    #[test]
+    fn independent_modules_share_one_stage() {
+        let m = model(&[("a", "", 5.0), ("b", "", 7.0), ("c", "", 3.0)]);
+        let mut stages = Stages::new(&m, vec![5.0, 7.0, 3.0]);
+        assert_eq!(stages.least(ModuleSet::all(3)), Some(7.0));
+    }
+}
