@@ -133,12 +133,13 @@ impl<'m> Problem<'m> {
         taus.get(k).copied().unwrap_or(f64::INFINITY)
     }
 
-    /// A lower bound on the iteration time of every plan: the Lagrangian relaxation of
-    /// `bound.rs`, which combines the critical path at the modules' fastest times with their
-    /// quota area × time over the pool's SM capacity, tightened by the fact that no module of a
-    /// plan runs longer than the plan.
-    pub fn plan_lower_bound(&self) -> f64 {
-        bound::plan_bound(self)
+    /// A lower bound on the iteration time of every plan (`bound/`): the Lagrangian relaxation
+    /// of the critical path at the modules' fastest times and their quota area × time over the
+    /// pool's SM capacity, per group of modules that can share stages, with each group's relaxed
+    /// stage sequence, tightened by the fact that no module of a plan runs longer than the plan.
+    /// The tightening stops at `deadline` (if any) with a weaker bound, still valid.
+    pub fn plan_lower_bound(&self, deadline: Option<Instant>) -> f64 {
+        bound::plan_bound(self, deadline)
     }
 }
 
@@ -201,7 +202,7 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     let mut cache = StageCache::with_limits(&problem, limits(HEURISTIC_LIMITS.nodes));
     let mut stages = gahc(&mut cache, deadline)?;
     let mut search = "gahc";
-    let mut lower = problem.plan_lower_bound();
+    let mut lower = problem.plan_lower_bound(Some(deadline));
     let mut optimal = false;
     if opts.search != Search::Gahc {
         // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a

@@ -881,7 +881,7 @@ proptest! {
         let dp = oracle_iteration(&problem);
         prop_assert!(rel_close(x, dp, 1e-9), "A* {x}, dynamic programme {dp}");
         // The static bound holds on its own (`solve` reports it capped by the plan).
-        let bound = problem.plan_lower_bound();
+        let bound = problem.plan_lower_bound(None);
         prop_assert!(bound <= x * (1.0 + 1e-9), "lower bound {bound} above the optimum {x}");
         // `solve` reports the better of the two, rounded to µs per stage.
         let slack = |plan: &Plan| 1e-3 * plan.stages.len() as f64;

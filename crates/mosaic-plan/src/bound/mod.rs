@@ -46,6 +46,7 @@
 mod stages;
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use mosaic_profile::{ModuleSet, PerfModel};
 
@@ -260,8 +261,9 @@ fn windows(problem: &Problem) -> Vec<f64> {
 }
 
 /// The fixed-point lower bound on every plan's iteration time (module docs): the least C with
-/// C ≥ B(C), B(C) the bound over the candidates a plan of time C can use.
-pub(crate) fn plan_bound(problem: &Problem) -> f64 {
+/// C ≥ B(C), B(C) the bound over the candidates a plan of time C can use. Stopped at
+/// `deadline`, the search returns the least C it has not yet ruled out.
+pub(crate) fn plan_bound(problem: &Problem, deadline: Option<Instant>) -> f64 {
     let window = windows(problem);
     // B changes only where C crosses some candidate's time plus its module's window.
     let mut times: Vec<f64> = problem
@@ -280,7 +282,12 @@ pub(crate) fn plan_bound(problem: &Problem) -> f64 {
     if times.is_empty() {
         return 0.0;
     }
+    let unbounded = LowerBound::new(problem).of(ModuleSet::EMPTY);
     while lo < hi {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            // No C below times[lo] satisfies C ≥ B(C).
+            return times[lo].max(unbounded);
+        }
         let mid = (lo + hi) / 2;
         if b(mid) < next(mid) {
             hi = mid;
@@ -288,7 +295,5 @@ pub(crate) fn plan_bound(problem: &Problem) -> f64 {
             lo = mid + 1;
         }
     }
-    times[lo]
-        .max(b(lo))
-        .max(LowerBound::new(problem).of(ModuleSet::EMPTY))
+    times[lo].max(b(lo)).max(unbounded)
 }
