@@ -237,7 +237,8 @@ pub enum CompareError {
     #[error(
         "module \"{module}\" has no whole-GPU sample (sm = 1.0) with dp ≤ {gpus} that fits in \
          {memory_gib} GiB; Megatron-LM, DistMM, Spindle, DistTrain and FlowTrain all run modules \
-         on whole GPUs, so profile it at sm = 1.0"
+         on whole GPUs, so profile it at sm = 1.0 with a dp of at most {gpus} that fits, or \
+         compare on more GPUs"
     )]
     NoWholeGpu {
         /// Module name.

@@ -1,9 +1,9 @@
 //! Small pieces every step of the pipeline shares, so that the planner, the simulator, the fit,
 //! the engine and the command line do not each carry their own copy: a seeded random
 //! generator whose sequences never change ([`rng`]), robust statistics ([`stats`]), a
-//! writer of standalone SVG documents ([`svg`]) and guarded reading of users' files
-//! ([`files`]). It depends on nothing but the standard
-//! library.
+//! writer of standalone SVG documents ([`svg`]), guarded reading of users' files
+//! ([`files`]) and quoting their text in messages without echoing all of it ([`text`]). It
+//! depends on nothing but the standard library.
 //!
 //! ```
 //! use mosaic_kit::{rng::SplitMix64, stats::median, svg::Svg};
@@ -34,3 +34,4 @@ pub mod files;
 pub mod rng;
 pub mod stats;
 pub mod svg;
+pub mod text;

@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 
 use crate::plan::PLAN_FORMAT;
 
+/// The most characters of a parser's message, or of a list of names, that an error quotes:
+/// the user's text they echo is clipped ([`mosaic_kit::text`]).
+const MAX_MESSAGE_CHARS: usize = 1000;
+
 /// Why no plan could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -20,7 +24,8 @@ pub enum PlanError {
     /// A module has no profiled candidate that fits the pool.
     #[error(
         "module \"{module}\" cannot be placed on {gpus} GPU(s): no profiled dp ≤ {gpus} fits in \
-         {memory_gib} GiB per GPU"
+         {memory_gib} GiB per GPU",
+        module = mosaic_kit::text::name(module)
     )]
     Unplaceable {
         /// Module name.
@@ -46,7 +51,11 @@ pub enum PlanFileError {
         error: std::io::Error,
     },
     /// The JSON is malformed, or a field is missing or has the wrong type.
-    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    #[error(
+        "{file}: field `{field}`: {message}",
+        file = file.display(),
+        message = mosaic_kit::text::clip_middle(message, MAX_MESSAGE_CHARS)
+    )]
     Syntax {
         /// The plan file.
         file: PathBuf,
@@ -56,7 +65,11 @@ pub enum PlanFileError {
         message: String,
     },
     /// The `format` field is missing or is not [`PLAN_FORMAT`].
-    #[error("{file}: field `format`: expected \"{PLAN_FORMAT}\", found {found}", file = file.display())]
+    #[error(
+        "{file}: field `format`: expected \"{PLAN_FORMAT}\", found {found}",
+        file = file.display(),
+        found = mosaic_kit::text::name(found)
+    )]
     Format {
         /// The plan file.
         file: PathBuf,
@@ -66,7 +79,9 @@ pub enum PlanFileError {
     /// A module the model does not have.
     #[error(
         "{file}: field `{field}`: unknown module \"{name}\"; {model} has {known}",
-        file = file.display()
+        file = file.display(),
+        name = mosaic_kit::text::name(name),
+        known = mosaic_kit::text::clip(known, MAX_MESSAGE_CHARS)
     )]
     UnknownModule {
         /// The plan file.
@@ -83,7 +98,8 @@ pub enum PlanFileError {
     /// A module placed in two places.
     #[error(
         "{file}: field `{field}`: module \"{name}\" is placed twice (first at `{first}`)",
-        file = file.display()
+        file = file.display(),
+        name = mosaic_kit::text::name(name)
     )]
     DuplicateModule {
         /// The plan file.
@@ -98,7 +114,8 @@ pub enum PlanFileError {
     /// A module of the model that no stage runs.
     #[error(
         "{file}: field `stages`: module \"{name}\" of {model} is not placed in any stage",
-        file = file.display()
+        file = file.display(),
+        name = mosaic_kit::text::name(name)
     )]
     MissingModule {
         /// The plan file.
@@ -112,7 +129,9 @@ pub enum PlanFileError {
     #[error(
         "{file}: field `{field}`: module \"{name}\" runs in stage {stage} but its producer \
          \"{producer}\" runs in stage {producer_stage}; producers must run in earlier stages",
-        file = file.display()
+        file = file.display(),
+        name = mosaic_kit::text::name(name),
+        producer = mosaic_kit::text::name(producer)
     )]
     Order {
         /// The plan file.
@@ -213,7 +232,11 @@ pub enum PlanFileError {
         gpu: u32,
     },
     /// A module's `nodes` that are not the nodes its GPUs lie on.
-    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    #[error(
+        "{file}: field `{field}`: {message}",
+        file = file.display(),
+        message = mosaic_kit::text::clip_middle(message, MAX_MESSAGE_CHARS)
+    )]
     BadNodes {
         /// The plan file.
         file: PathBuf,
@@ -230,6 +253,17 @@ pub enum PlanFileError {
         /// `sm_count`, or e.g. `stages[0].modules[1].sm`.
         field: String,
         /// What is wrong and what was expected.
+        message: String,
+    },
+    /// A field whose value is out of its range or not one of the values the tools write
+    /// (`granularity`, `lower_bound_ms`, `search`).
+    #[error("{file}: field `{field}`: {message}", file = file.display())]
+    BadField {
+        /// The plan file.
+        file: PathBuf,
+        /// The field, e.g. `granularity`.
+        field: String,
+        /// What was found and what was expected.
         message: String,
     },
     /// The quotas of a stage's modules on one GPU add up to more than the whole GPU.
@@ -269,6 +303,7 @@ impl PlanFileError {
             | E::RepeatedGpu { field, .. }
             | E::BadNodes { field, .. }
             | E::BadSms { field, .. }
+            | E::BadField { field, .. }
             | E::Oversubscribed { field, .. } => Some(field),
         }
     }
@@ -292,6 +327,7 @@ impl PlanFileError {
             | E::RepeatedGpu { file, .. }
             | E::BadNodes { file, .. }
             | E::BadSms { file, .. }
+            | E::BadField { file, .. }
             | E::Oversubscribed { file, .. } => file,
         }
     }

@@ -45,14 +45,49 @@ pub fn parse_plan(text: &str, file: impl AsRef<Path>) -> Result<Plan, PlanFileEr
             });
         }
     }
-    let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let plan: Plan = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = e.path().to_string();
         PlanFileError::Syntax {
             file: file.to_path_buf(),
             field: if field == "." { "(file)".into() } else { field },
             message: e.into_inner().to_string(),
         }
+    })?;
+    de.end().map_err(|e| PlanFileError::Syntax {
+        file: file.to_path_buf(),
+        field: "(file)".into(),
+        message: format!("{e}; expected nothing but whitespace after the plan's JSON object"),
+    })?;
+    check_search(&plan, file)?;
+    Ok(plan)
+}
+
+/// The values of `search` the tools write: `mosaic plan`'s searches (`gahc`, `local`,
+/// `exact`), `mosaic compare`'s Megatron-LM baseline, the engine's sequential template
+/// (`mosaic train template`), and `hand` for a plan written by hand.
+const SEARCHES: [&str; 6] = [
+    "gahc",
+    "local",
+    "exact",
+    "megatron-lm",
+    "sequential",
+    "hand",
+];
+
+/// A plan file's `search` is one of [`SEARCHES`].
+fn check_search(plan: &Plan, file: &Path) -> Result<(), PlanFileError> {
+    if SEARCHES.contains(&plan.search.as_str()) {
+        return Ok(());
+    }
+    Err(PlanFileError::BadField {
+        file: file.to_path_buf(),
+        field: "search".into(),
+        message: format!(
+            "\"{}\" is no search the tools write; expected one of {}",
+            mosaic_kit::text::name(&plan.search),
+            SEARCHES.map(|s| format!("\"{s}\"")).join(", ")
+        ),
     })
 }
 
@@ -235,6 +270,21 @@ fn check_numbers(plan: &Plan, file: &Path) -> Result<(), PlanFileError> {
     };
     check("iteration_ms".into(), plan.iteration_ms, MAX_TIME_MS)?;
     check("solve_ms".into(), plan.solve_ms, MAX_TIME_MS)?;
+    if let Some(bound) = plan.lower_bound_ms {
+        check("lower_bound_ms".into(), bound, MAX_TIME_MS)?;
+    }
+    let g = plan.granularity;
+    let finest = 1.0 / mosaic_profile::MAX_QUOTA_UNITS as f64;
+    if !(g >= finest - 1e-12 && g <= 1.0) {
+        return Err(PlanFileError::BadField {
+            file: file.to_path_buf(),
+            field: "granularity".into(),
+            message: format!(
+                "{g:?} is no quota step; expected a fraction of a GPU from 1/{} to 1",
+                mosaic_profile::MAX_QUOTA_UNITS
+            ),
+        });
+    }
     for (si, s) in plan.stages.iter().enumerate() {
         check(format!("stages[{si}].time_ms"), s.time_ms, MAX_TIME_MS)?;
         for (g, &q) in s.gpu_quota.iter().enumerate() {
@@ -363,7 +413,13 @@ impl Resolver<'_> {
                 field: field.clone(),
                 name: name.to_string(),
                 model: self.graph.model.clone(),
-                known: self.graph.names.join(", "),
+                known: self
+                    .graph
+                    .names
+                    .iter()
+                    .map(|n| mosaic_kit::text::name(n))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })?;
         if let Some((_, first)) = self.placed.get(&module) {
             return Err(PlanFileError::DuplicateModule {
@@ -460,5 +516,106 @@ impl Resolver<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-module plan on one GPU, as the planner writes it.
+    fn valid() -> serde_json::Value {
+        serde_json::json!({
+            "format": "mosaic-plan/1", "iteration_ms": 10.0, "search": "gahc", "optimal": true,
+            "lower_bound_ms": 10.0, "solve_ms": 0.5, "gpus": 1, "device": "gpu",
+            "granularity": 0.1,
+            "stages": [{"time_ms": 10.0, "gpu_quota": [1.0], "modules": [
+                {"name": "a", "dp": 1, "sm": 1.0, "gpus": [0], "time_ms": 10.0,
+                 "base_ms": 10.0, "mem_gib": 1.0}]}]
+        })
+    }
+
+    fn graph() -> ModuleGraph {
+        ModuleGraph {
+            model: "model m".into(),
+            names: vec!["a".into()],
+            producers: vec![vec![]],
+        }
+    }
+
+    /// Parses and resolves `v` as the file `p.json`.
+    fn read(v: &serde_json::Value) -> Result<(), PlanFileError> {
+        let plan = parse_plan(&v.to_string(), "p.json")?;
+        plan.resolve(Path::new("p.json"), &graph()).map(|_| ())
+    }
+
+    #[test]
+    fn the_valid_plan_reads() {
+        read(&valid()).unwrap();
+    }
+
+    #[test]
+    fn text_after_the_json_value_is_refused() {
+        let text = valid().to_string();
+        for tail in ["not json at all", "{}", "]", "0"] {
+            let e = parse_plan(&format!("{text}\n{tail}\n"), "p.json").unwrap_err();
+            assert!(matches!(e, PlanFileError::Syntax { .. }), "{e}");
+            let message = e.to_string();
+            assert!(
+                message.starts_with("p.json: field `(file)`: trailing characters"),
+                "{e}"
+            );
+        }
+        // Whitespace is no text.
+        parse_plan(&format!("{text} \n\t\r\n"), "p.json").unwrap();
+    }
+
+    #[test]
+    fn fields_the_resolver_used_to_pass_unread_are_checked() {
+        let cases: [(&str, serde_json::Value); 9] = [
+            ("granularity", 0.into()),
+            ("granularity", (-1).into()),
+            ("granularity", 1e308.into()),
+            ("granularity", 1.0001.into()),
+            ("granularity", 1e-5.into()),
+            ("lower_bound_ms", (-1).into()),
+            ("lower_bound_ms", (-1e300).into()),
+            ("lower_bound_ms", 1e300.into()),
+            ("search", "magic".into()),
+        ];
+        for (field, value) in cases {
+            let mut v = valid();
+            v[field] = value.clone();
+            let e = read(&v).expect_err(&format!("{field} = {value}"));
+            assert_eq!(e.field(), Some(field), "{e}");
+            assert!(e.to_string().starts_with("p.json: field"), "{e}");
+        }
+        for search in SEARCHES {
+            let mut v = valid();
+            v["search"] = search.into();
+            read(&v).unwrap();
+        }
+        let mut v = valid();
+        v.as_object_mut().unwrap().remove("lower_bound_ms");
+        v["granularity"] = (8.0 / 132.0).into();
+        read(&v).unwrap();
+    }
+
+    #[test]
+    fn a_huge_name_is_quoted_clipped() {
+        let mut v = valid();
+        v["stages"][0]["modules"][0]["name"] = "n".repeat(1_000_000).into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("(1000000 characters in all)"), "{e}");
+        assert!(e.len() < 300, "{e}");
+        let mut v = valid();
+        v["search"] = "s".repeat(1_000_000).into();
+        assert!(read(&v).unwrap_err().to_string().len() < 400);
+        // The parser's own message echoes a string found where a number belongs.
+        let mut v = valid();
+        v["gpus"] = "g".repeat(1_000_000).into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("field `gpus`") && e.contains("left out"), "{e}");
+        assert!(e.len() < 1_200, "{}", e.len());
     }
 }

@@ -84,7 +84,10 @@ pub fn parse_colocations(
             if !names.insert(m.name.as_str()) {
                 return bad(
                     f("name"),
-                    &format!("\"{}\" appears twice in one colocation", m.name),
+                    &format!(
+                        "\"{}\" appears twice in one colocation",
+                        mosaic_kit::text::name(&m.name)
+                    ),
                 );
             }
             if m.dp < 1 || m.dp > crate::MAX_GPUS {
@@ -138,6 +141,20 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn text_after_the_json_value_is_refused() {
+        let text = valid().to_string();
+        for tail in ["not json at all", "{}", "]"] {
+            let e = parse_colocations(&format!("{text}{tail}"), "c.json").unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("c.json: field `(root)`: trailing"),
+                "{e}"
+            );
+        }
+        parse_colocations(&format!("{text}\n\n"), "c.json").unwrap();
     }
 
     #[test]

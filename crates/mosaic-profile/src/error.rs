@@ -2,6 +2,15 @@
 
 use std::path::PathBuf;
 
+/// The most characters of a message an error shows: a parser's message, or a list of names,
+/// echoes the user's text, which may be of any length.
+const MAX_MESSAGE_CHARS: usize = 1000;
+
+/// `message` with its middle left out past [`MAX_MESSAGE_CHARS`].
+fn clip(message: &str) -> std::borrow::Cow<'_, str> {
+    mosaic_kit::text::clip_middle(message, MAX_MESSAGE_CHARS)
+}
+
 /// A profile file that cannot be read or does not describe a valid model.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -14,7 +23,7 @@ pub enum ProfileError {
         error: std::io::Error,
     },
     /// The JSON is malformed, a field is missing or has the wrong type.
-    #[error("{file}: field `{field}`: {message}")]
+    #[error("{file}: field `{field}`: {message}", message = clip(message))]
     Syntax {
         /// The file.
         file: PathBuf,
@@ -24,7 +33,7 @@ pub enum ProfileError {
         message: String,
     },
     /// The JSON is well-formed but its content is invalid (cycle, unknown name, bad range...).
-    #[error("{file}: field `{field}`: {message}")]
+    #[error("{file}: field `{field}`: {message}", message = clip(message))]
     Invalid {
         /// The file.
         file: PathBuf,

@@ -62,4 +62,6 @@ pub use model::{
     ModuleModel, ModuleSet, PerfModel, QuotaOption, MAX_GPUS, MAX_MODULES, MAX_QUOTA_UNITS,
 };
 pub use partition::{partition_sms, quota_to_sms, sms_for, SmGranularity, SM_QUOTA_TOLERANCE};
-pub use validate::{load, parse};
+pub use validate::{
+    load, parse, MAX_INTERFERENCE, MAX_LINK_GBPS, MAX_MEMORY_GIB, MAX_SAMPLE_MS, MIN_LINK_GBPS,
+};

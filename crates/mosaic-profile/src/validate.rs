@@ -34,7 +34,10 @@ pub(crate) fn check_format(text: &str, file: &Path, expected: &str) -> Result<()
                 return Err(ProfileError::invalid(
                     file,
                     "format",
-                    format!("expected \"{expected}\", found {other}"),
+                    format!(
+                        "expected \"{expected}\", found {}",
+                        mosaic_kit::text::name(&other.to_string())
+                    ),
                 ))
             }
             None => {
@@ -54,15 +57,22 @@ pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
     text: &str,
     file: &Path,
 ) -> Result<T, ProfileError> {
-    let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| ProfileError::Syntax {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| ProfileError::Syntax {
         file: file.to_path_buf(),
         field: match e.path().to_string() {
             p if p == "." => "(root)".to_string(),
             p => p,
         },
         message: e.inner().to_string(),
-    })
+    })?;
+    // One JSON value and nothing after it but whitespace.
+    de.end().map_err(|e| ProfileError::Syntax {
+        file: file.to_path_buf(),
+        field: "(root)".into(),
+        message: format!("{e}; expected nothing but whitespace after the file's JSON object"),
+    })?;
+    Ok(value)
 }
 
 /// `Ok` if `ok`, else the error `msg` on the field named by `field`.
@@ -137,12 +147,12 @@ fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
 
 /// The largest all-reduce bandwidth a profile may state, GB/s per GPU (NVLink 5 is 900 GB/s
 /// both directions; this leaves two orders of magnitude).
-pub(crate) const MAX_LINK_GBPS: f64 = 1e5;
+pub const MAX_LINK_GBPS: f64 = 1e5;
 
 /// The smallest all-reduce bandwidth a profile may state, GB/s per GPU: 8 Gb/s, below any
 /// GPU cluster's interconnect. With [`MAX_GRAD_GIB`] it bounds a cross-node charge at
 /// 2 × 4,096 GiB / 1 GB/s ≈ 8.8·10⁶ ms, so a plan's times stay within what a plan file holds.
-pub(crate) const MIN_LINK_GBPS: f64 = 1.0;
+pub const MIN_LINK_GBPS: f64 = 1.0;
 
 /// The largest gradient a module may all-reduce per step, GiB (two trillion bf16 parameters
 /// are about 3,700 GiB).
@@ -219,7 +229,10 @@ fn index_names<'a>(
             return Err(ProfileError::invalid(
                 file,
                 format!("modules[{i}].name"),
-                format!("duplicate module name \"{}\" (also modules[{j}])", m.name),
+                format!(
+                    "duplicate module name \"{}\" (also modules[{j}])",
+                    mosaic_kit::text::name(&m.name)
+                ),
             ));
         }
     }
@@ -240,7 +253,7 @@ fn check_after(
             index.contains_key(a.as_str()),
             file,
             field,
-            &format!("unknown module \"{a}\""),
+            &format!("unknown module \"{}\"", mosaic_kit::text::name(a)),
         )?;
         check(
             a != &m.name,
@@ -252,7 +265,7 @@ fn check_after(
             seen.insert(a),
             file,
             field,
-            &format!("\"{a}\" is listed twice"),
+            &format!("\"{}\" is listed twice", mosaic_kit::text::name(a)),
         )?;
     }
     Ok(())
@@ -333,12 +346,12 @@ fn check_sample_ranges(
 /// The longest time a sample may state, in ms (about 2.8 hours for one module's iteration).
 /// With [`MAX_INTERFERENCE`], 64 modules in 64 stages stay below 5·10¹² ms, within what a plan
 /// file holds.
-pub(crate) const MAX_SAMPLE_MS: f64 = 1e7;
+pub const MAX_SAMPLE_MS: f64 = 1e7;
 /// The largest interference coefficient: a slowdown of 100× per unit of bandwidth is far past
 /// any measured colocation (the zoo assumes e3 = 0.6).
-pub(crate) const MAX_INTERFERENCE: f64 = 100.0;
+pub const MAX_INTERFERENCE: f64 = 100.0;
 /// The largest memory a sample or a device may state, in GiB (a plan file's limit).
-pub(crate) const MAX_MEMORY_GIB: f64 = 1e6;
+pub const MAX_MEMORY_GIB: f64 = 1e6;
 
 /// Checks that the interference coefficients are non-negative and at most [`MAX_INTERFERENCE`].
 fn check_interference(e: &Interference, file: &Path) -> Result<(), ProfileError> {
@@ -367,7 +380,14 @@ fn check_acyclic(
         return Err(ProfileError::invalid(
             file,
             format!("modules[{i}].after"),
-            format!("the `after` edges form a cycle: {}", cycle.join(" -> ")),
+            format!(
+                "the `after` edges form a cycle: {}",
+                cycle
+                    .iter()
+                    .map(|n| mosaic_kit::text::name(n))
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            ),
         ));
     }
     Ok(())
@@ -509,6 +529,36 @@ mod tests {
         let mut v = valid();
         v["modules"][1]["after"] = serde_json::json!(["llm"]);
         assert_eq!(error_of(v).0, "modules[1].after[0]");
+    }
+
+    #[test]
+    fn text_after_the_json_value_is_refused() {
+        let text = valid().to_string();
+        for tail in ["not json at all", "{}", "]", "0"] {
+            let e = parse(&format!("{text}\n{tail}\n"), "bad.json").unwrap_err();
+            assert_eq!(e.field(), Some("(root)"), "{e}");
+            assert!(e.to_string().starts_with("bad.json: "), "{e}");
+            assert!(e.to_string().contains("trailing characters"), "{e}");
+        }
+        parse(&format!("{text} \n\t\r\n"), "ok.json").unwrap();
+    }
+
+    #[test]
+    fn huge_names_are_quoted_clipped() {
+        let huge = "v".repeat(1_000_000);
+        let mut v = valid();
+        v["modules"][1]["name"] = huge.as_str().into();
+        v["modules"][0]["name"] = huge.as_str().into();
+        let mut after = valid();
+        after["modules"][1]["after"] = serde_json::json!([huge]);
+        let mut format = valid();
+        format["format"] = huge.as_str().into();
+        let mut number = valid();
+        number["device"]["sm_count"] = huge.as_str().into();
+        for v in [v, after, format, number] {
+            let (_, text) = error_of(v);
+            assert!(text.len() < 1_200, "{} bytes: {}", text.len(), &text[..200]);
+        }
     }
 
     #[test]
