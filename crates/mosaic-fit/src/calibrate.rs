@@ -183,6 +183,35 @@ pub fn match_profile(
     Ok(points)
 }
 
+/// Refuses to fit the constants `free` to `points` (the samples of `file`) when there are fewer
+/// samples than constants: least squares then fits any measurements exactly and the constants
+/// it returns predict nothing (three samples of CLIP's three modules fit all seven with no
+/// error, and missed a held-out module by 250 %).
+pub fn check_enough_points(
+    points: &[Measured],
+    free: &[FreeConstant],
+    file: &Path,
+) -> Result<(), FitError> {
+    if points.len() >= free.len() {
+        return Ok(());
+    }
+    let names: Vec<&str> = free.iter().map(|c| c.name()).collect();
+    Err(FitError::invalid(
+        file,
+        "modules",
+        format!(
+            "the modules hold {} sample{} in all, but {} constants are fitted ({}): a fit needs \
+             at least {} samples, one per constant, and more to predict a module held out \
+             (profile more dp and SM quotas)",
+            points.len(),
+            if points.len() == 1 { "" } else { "s" },
+            free.len(),
+            names.join(", "),
+            free.len()
+        ),
+    ))
+}
+
 impl Target<'_> {
     /// The device model's time for `p` under `cal`, ms.
     pub fn predict(&self, cal: &Calibration, p: &Measured) -> f64 {
@@ -406,6 +435,10 @@ pub struct ModuleAccuracy {
     pub in_sample: FitQuality,
     /// Fitted without this module, predicting it (leave one module out), at dp 1.
     pub held_out_dp1: FitQuality,
+    /// The samples that held-out fit was fitted on (the other modules'; for `all`, the
+    /// fewest of any module's). Fewer than the constants fitted, and the held-out figures
+    /// predict nothing: any constants fit so few samples.
+    pub held_out_fitted_on: usize,
     /// The same at every dp.
     pub held_out: FitQuality,
     /// The uncalibrated constants, at dp 1.
@@ -438,6 +471,10 @@ pub fn accuracy(
         m
     };
     // Ratios per module: (in-sample, held out, assumed, built-in), each (dp 1, all).
+    let fitted_on: Vec<usize> = modules
+        .iter()
+        .map(|&m| target.points.iter().filter(|p| p.module != m).count())
+        .collect();
     let per_module: Vec<[Vec<f64>; 8]> = modules
         .iter()
         .map(|&m| {
@@ -457,11 +494,12 @@ pub fn accuracy(
             ]
         })
         .collect();
-    let row = |name: String, r: &[Vec<f64>; 8]| ModuleAccuracy {
+    let row = |name: String, r: &[Vec<f64>; 8], held_out_fitted_on: usize| ModuleAccuracy {
         module: name,
         in_sample_dp1: FitQuality::of(&r[0]),
         in_sample: FitQuality::of(&r[1]),
         held_out_dp1: FitQuality::of(&r[2]),
+        held_out_fitted_on,
         held_out: FitQuality::of(&r[3]),
         assumed_dp1: FitQuality::of(&r[4]),
         assumed: FitQuality::of(&r[5]),
@@ -471,11 +509,13 @@ pub fn accuracy(
     let mut rows: Vec<ModuleAccuracy> = modules
         .iter()
         .zip(&per_module)
-        .map(|(&m, r)| row(target.model.modules[m].name.clone(), r))
+        .zip(&fitted_on)
+        .map(|((&m, r), &n)| row(target.model.modules[m].name.clone(), r, n))
         .collect();
     let pooled: [Vec<f64>; 8] =
         std::array::from_fn(|k| per_module.iter().flat_map(|r| r[k].clone()).collect());
-    rows.push(row("all".into(), &pooled));
+    let fewest = fitted_on.iter().copied().min().unwrap_or(0);
+    rows.push(row("all".into(), &pooled, fewest));
     rows
 }
 
@@ -506,60 +546,13 @@ pub fn host_refit(target: &Target, built_in: &Calibration) -> HostRefit {
     }
 }
 
-/// Checks the constants of a calibration file: efficiencies and fractions in (0, 1], the SM
-/// exponent in (0, 2], the overlap exponent in [1, 64], times at most 10⁶ and sizes at most
-/// 10⁹, so that every predicted time stays finite. Err: (the field, what is wrong).
+/// Checks the constants of a calibration file ([`Calibration::check`]): each within the
+/// physical range [`Calibration::BOUNDS`] gives it (the fitted ones exactly where a fit
+/// searches), the interference coefficients within a profile's [0, 100], and together such that
+/// every profile the device model derives from them, for any built-in model on any built-in
+/// device, is one the profile reader accepts. Err: (the field, what is wrong).
 pub fn check_constants(cal: &Calibration) -> Result<(), (String, String)> {
-    // Upper bounds keep every predicted time finite: a fraction is at most 1, a time constant
-    // at most 10⁶ (ms or µs), a size at most 10⁹, the SM exponent at most 2 (it was fitted at
-    // 0.82; 1 is linear scaling).
-    let (fraction, time, size) = (1.0, 1e6, 1e9);
-    let fields = [
-        ("gemm_efficiency", cal.gemm_efficiency, fraction),
-        ("hidden_half", cal.hidden_half, size),
-        ("rows_half", cal.rows_half, size),
-        ("sm_exponent", cal.sm_exponent, 2.0),
-        ("bw_saturation", cal.bw_saturation, fraction),
-        ("hbm_efficiency", cal.hbm_efficiency, fraction),
-        ("link_efficiency", cal.link_efficiency, fraction),
-        ("nvlink_hop_us", cal.nvlink_hop_us, time),
-        ("ib_hop_us", cal.ib_hop_us, time),
-        ("comm_overlap", cal.comm_overlap, fraction),
-        ("launch_step_ms", cal.launch_step_ms, time),
-        ("launch_us", cal.launch_us, time),
-        ("workspace_gib", cal.workspace_gib, size),
-    ];
-    for (name, v, max) in fields {
-        // Fractions and the exponent must be positive; the other constants may be 0.
-        let positive = max <= 2.0;
-        let ok = v.is_finite() && v <= max && if positive { v > 0.0 } else { v >= 0.0 };
-        if !ok {
-            let low = if positive { "(0" } else { "[0" };
-            return Err((
-                format!("constants.{name}"),
-                format!("{v:?} is not in {low}, {max}]"),
-            ));
-        }
-    }
-    // Below 1 a step would take longer than its GPU and host times one after the other.
-    let p = cal.overlap_exponent;
-    if !(1.0..=64.0).contains(&p) {
-        return Err((
-            "constants.overlap_exponent".into(),
-            format!("{p:?} is not in [1, 64]"),
-        ));
-    }
-    let e = cal.interference;
-    if [e.e1, e.e2, e.e3]
-        .iter()
-        .any(|v| !(v.is_finite() && *v >= 0.0 && *v <= 1e3))
-    {
-        return Err((
-            "constants.interference".into(),
-            "coefficients must be in [0, 1000]".into(),
-        ));
-    }
-    Ok(())
+    cal.check().map_err(|e| (e.field, e.message))
 }
 
 #[cfg(test)]
@@ -624,6 +617,8 @@ mod tests {
         let all = rows.last().unwrap();
         assert_eq!(all.module, "all");
         assert_eq!(all.held_out.points, 120);
+        // 40 samples a module: each held-out fit is fitted on the other two modules' 80.
+        assert!(rows.iter().all(|r| r.held_out_fitted_on == 80), "{rows:?}");
         assert!(all.held_out_dp1.mean_rel <= 0.15, "{all:?}");
         assert!(all.held_out.mean_rel <= 0.25, "{all:?}");
         assert!(all.in_sample.mean_rel < all.assumed.mean_rel);
@@ -735,6 +730,36 @@ mod tests {
             assert!(q.rms_log > full.rms_log, "{}: {q:?}", off.name());
             assert!(held > full_held, "{}: held out {held}", off.name());
         }
+    }
+
+    #[test]
+    fn fewer_samples_than_fitted_constants_are_refused() {
+        let (m, c) = (model("clip").unwrap(), cluster("h100x8").unwrap());
+        let target = clip_target(&m, &c);
+        let file = Path::new("p1.json");
+        // One sample per module, as in the audit: 3 samples for 7 constants.
+        let three: Vec<Measured> = (0..3)
+            .map(|k| {
+                target
+                    .points
+                    .iter()
+                    .find(|p| p.module == k)
+                    .unwrap()
+                    .clone()
+            })
+            .collect();
+        let e = check_enough_points(&three, &FreeConstant::ALL, file).unwrap_err();
+        assert_eq!(e.field(), "modules");
+        let text = e.to_string();
+        assert!(text.starts_with("p1.json: "), "{text}");
+        assert!(
+            text.contains("3 samples") && text.contains("at least 7"),
+            "{text}"
+        );
+        // Enough for the constants fitted: the two host constants, or all seven.
+        check_enough_points(&three[..2], &HOST_CONSTANTS, file).unwrap();
+        check_enough_points(&target.points[..7], &FreeConstant::ALL, file).unwrap();
+        assert!(check_enough_points(&target.points[..6], &FreeConstant::ALL, file).is_err());
     }
 
     #[test]

@@ -58,10 +58,10 @@ use mosaic_profile::{Interference, ProfileFile};
 
 pub use error::FitError;
 pub use nnls::{nnls, MAX_UNKNOWNS};
-pub use observe::{observations, Observation, LOOKUP_GRANULARITY};
+pub use observe::{observations, Observation, LOOKUP_GRANULARITY, MAX_COLOCATED_MS};
 pub use regression::{
-    accuracy, evaluate, fit, is_held_out, test_set, Accuracy, ByModules, FitReport, Model,
-    ModelFit, HOLDOUT_EVERY, REPORT_FORMAT,
+    accuracy, check_fitted, evaluate, fit, is_held_out, test_set, Accuracy, ByModules, FitReport,
+    Model, ModelFit, HOLDOUT_EVERY, MAX_COEFFICIENT, REPORT_FORMAT,
 };
 pub use scatter::{scatter_series, scatter_svg, ScatterPoint, Series};
 pub use surface::{
@@ -74,7 +74,8 @@ const FITTED_NOTE: &str = "interference e1 = ";
 
 /// `profile` with its interference coefficients replaced by `e`, and its `source` saying so
 /// (replacing the zoo's "coefficients assumed" and any earlier fit note). Coefficients must be
-/// non-negative for the planner; [`fit`] guarantees it.
+/// non-negative for the planner, which [`fit`] guarantees, and at most [`MAX_COEFFICIENT`] for
+/// the profile reader, which [`check_fitted`] checks.
 pub fn write_fitted(profile: &ProfileFile, e: Interference) -> ProfileFile {
     let mut out = profile.clone();
     out.interference = e;

@@ -17,7 +17,9 @@ pub const MAX_UNKNOWNS: usize = 16;
 /// deterministic). With `N` ≤ [`MAX_UNKNOWNS`] unknowns — Eq. 8 has three — that is at most
 /// 2^N tiny SVDs, and no iterative active-set method with its tolerances is needed.
 ///
-/// Returns zeros when there are no rows.
+/// Returns zeros when there are no rows. The targets are scaled by a power of two (exactly)
+/// so that their squares neither overflow nor underflow: targets as large as 10³⁰⁰ give their
+/// solution (scaled back, which may overflow to infinity) rather than zeros.
 ///
 /// # Panics
 /// If `N` exceeds [`MAX_UNKNOWNS`] or `rows` and `y` differ in length.
@@ -31,6 +33,18 @@ pub fn nnls<const N: usize>(rows: &[[f64; N]], y: &[f64]) -> [f64; N] {
         y.len(),
         "nnls: rows and targets differ in length"
     );
+    let top = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if !(top.is_finite() && top > 0.0) || (1e-100..=1e100).contains(&top) {
+        return nnls_unscaled(rows, y);
+    }
+    // 2^-⌊log2 top⌋: the largest target becomes [1, 2), and every target keeps its digits.
+    let scale = 2f64.powi(-(top.log2().floor() as i32));
+    let scaled: Vec<f64> = y.iter().map(|v| v * scale).collect();
+    nnls_unscaled(rows, &scaled).map(|x| x / scale)
+}
+
+/// [`nnls`] on targets whose squares are representable.
+fn nnls_unscaled<const N: usize>(rows: &[[f64; N]], y: &[f64]) -> [f64; N] {
     let mut best = [0.0; N];
     if rows.is_empty() {
         return best;
@@ -91,6 +105,21 @@ mod tests {
             (x[0] - 1.0).abs() < 1e-10 && (x[1] - 2.0).abs() < 1e-10,
             "{x:?}"
         );
+    }
+
+    #[test]
+    fn huge_and_tiny_targets_are_solved_not_dropped() {
+        // y = 1 + 2 x scaled by 10³⁰⁰: the squares overflow unscaled, which used to leave the
+        // zero solution (every residual infinite) and so silently ignore the data.
+        let rows: Vec<[f64; 2]> = (0..5).map(|i| [1.0, i as f64]).collect();
+        for scale in [1e300, 1e-300, 1e160] {
+            let y: Vec<f64> = (0..5).map(|i| (1.0 + 2.0 * i as f64) * scale).collect();
+            let x = nnls(&rows, &y);
+            assert!(
+                (x[0] / scale - 1.0).abs() < 1e-10 && (x[1] / scale - 2.0).abs() < 1e-10,
+                "{scale}: {x:?}"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,11 @@ use crate::error::FitError;
 /// are exactly the quotas a colocation on that device can have measured (`0.6061` = 80/132).
 pub const LOOKUP_GRANULARITY: f64 = 0.01;
 
+/// The longest time a colocation sample's module may state, ms: the limit of a profile
+/// sample's `time_ms` (`mosaic-profiles/1`: 10⁷ ms, about 2.8 hours for one iteration). A
+/// colocated time is a profiled time slowed down, so it has the same range.
+pub const MAX_COLOCATED_MS: f64 = mosaic_profile::MAX_SAMPLE_MS;
+
 /// One module of one colocation sample: what the performance model predicts for it and what
 /// was measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -72,7 +77,9 @@ impl Observation {
 /// when the file's `device` is not the profiles' device, a module is not in the profiles
 /// (`samples[k].modules[j].name`), or a module's (dp, sm) is not one of its candidates — an
 /// unprofiled dp, a quota off the grid or outside the profiled range, or more memory than the
-/// device has (`samples[k].modules[j]`).
+/// device has (`samples[k].modules[j]`), or its measured time is above [`MAX_COLOCATED_MS`] or
+/// so far above the profiled time that the slowdown is not a finite number
+/// (`samples[k].modules[j].time_ms`).
 pub fn observations(
     perf: &PerfModel,
     colocations: &ColocationFile,
@@ -100,6 +107,17 @@ pub fn observations(
         let mut rows = Vec::with_capacity(s.modules.len());
         for (j, m) in s.modules.iter().enumerate() {
             let field = format!("samples[{k}].modules[{j}]");
+            if !(m.time_ms.is_finite() && m.time_ms > 0.0 && m.time_ms <= MAX_COLOCATED_MS) {
+                return Err(FitError::invalid(
+                    file,
+                    format!("{field}.time_ms"),
+                    format!(
+                        "expected a positive time in ms, at most {MAX_COLOCATED_MS:e} (a \
+                         profile's limit), found {:e}",
+                        m.time_ms
+                    ),
+                ));
+            }
             let Some(i) = perf.index_of(&m.name) else {
                 let names: Vec<&str> = perf.modules.iter().map(|m| m.name.as_str()).collect();
                 return Err(FitError::invalid(
@@ -126,6 +144,17 @@ pub fn observations(
                     not_a_candidate(perf, module, m.dp, m.sm),
                 ));
             };
+            if !(m.time_ms / o.time_ms).is_finite() {
+                return Err(FitError::invalid(
+                    file,
+                    format!("{field}.time_ms"),
+                    format!(
+                        "{:e} ms measured against {:e} ms profiled for \"{}\" at (dp {}, \
+                         quota {}): a slowdown past any number",
+                        m.time_ms, o.time_ms, m.name, m.dp, m.sm
+                    ),
+                ));
+            }
             rows.push((i, o.time_ms, o.bw_util, m));
         }
         let sample_bw: Vec<f64> = rows.iter().map(|r| r.2).collect();

@@ -2,12 +2,18 @@
 //! colocations (the paper's Figs. 8b and 12a).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use mosaic_profile::Interference;
 use serde::{Deserialize, Serialize};
 
+use crate::error::FitError;
 use crate::nnls::nnls;
 use crate::observe::Observation;
+
+/// The largest interference coefficient a profile may hold (`mosaic-profiles/1`: a slowdown of
+/// 100× per unit of bandwidth is far past any measured colocation).
+pub const MAX_COEFFICIENT: f64 = mosaic_profile::MAX_INTERFERENCE;
 
 /// The value of [`FitReport::format`].
 pub const REPORT_FORMAT: &str = "mosaic-fit/1";
@@ -292,4 +298,74 @@ pub fn evaluate(obs: &[Observation], every: usize) -> FitReport {
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     let (n, sum) = xs.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
     sum / n as f64
+}
+
+/// Refuses the fit of `report` (on observations `obs` of colocations file `file`) when a model's
+/// fitted coefficient is one a profile cannot hold — above [`MAX_COEFFICIENT`] or not a number
+/// — so that `mosaic fit` never writes a profile the planner refuses. The error names the
+/// samples that drove it: the fitted samples with the largest measured slowdowns, the first
+/// one's `time_ms` as the field.
+pub fn check_fitted(
+    report: &FitReport,
+    obs: &[Observation],
+    file: impl AsRef<Path>,
+) -> Result<(), FitError> {
+    for m in &report.models {
+        let e = m.interference;
+        let Some((name, v)) = [("e1", e.e1), ("e2", e.e2), ("e3", e.e3)]
+            .into_iter()
+            .find(|(_, v)| !(v.is_finite() && (0.0..=MAX_COEFFICIENT).contains(v)))
+        else {
+            continue;
+        };
+        // Each observation's field: its module's index within its sample.
+        let mut fields = Vec::with_capacity(obs.len());
+        let mut j = 0;
+        for (i, o) in obs.iter().enumerate() {
+            j = if i > 0 && obs[i - 1].sample == o.sample {
+                j + 1
+            } else {
+                0
+            };
+            fields.push(format!("samples[{}].modules[{j}]", o.sample));
+        }
+        let mut fitted: Vec<usize> = (0..obs.len())
+            .filter(|&i| !is_held_out(obs[i].sample, report.holdout_every))
+            .collect();
+        fitted.sort_by(|&a, &b| obs[b].slowdown().total_cmp(&obs[a].slowdown()));
+        fitted.truncate(3);
+        let drivers: Vec<String> = fitted
+            .iter()
+            .map(|&i| {
+                let o = &obs[i];
+                format!(
+                    "{} (\"{}\" at dp {}, quota {:.4}: {:.6e} ms measured against {:.6e} ms \
+                     profiled, slowdown {:.6e})",
+                    fields[i],
+                    o.module,
+                    o.dp,
+                    o.sm,
+                    o.measured_ms,
+                    o.base_ms,
+                    o.slowdown()
+                )
+            })
+            .collect();
+        let field = fitted
+            .first()
+            .map_or("samples".to_string(), |&i| format!("{}.time_ms", fields[i]));
+        return Err(FitError::invalid(
+            file.as_ref(),
+            field,
+            format!(
+                "the {} model fits {name} = {v:.4e}, but a profile's interference coefficients are at \
+                 most {MAX_COEFFICIENT} (a slowdown of 100× per unit of bandwidth is past any \
+                 real colocation), so no profile could hold it; the fitted samples with the \
+                 largest slowdowns drive it: {}",
+                m.model.describe(),
+                drivers.join("; ")
+            ),
+        ));
+    }
+    Ok(())
 }

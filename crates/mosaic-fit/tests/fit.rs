@@ -442,3 +442,66 @@ fn ceiling_counts_the_variance_a_gpu_wide_delta_cannot_explain() {
     assert!((r.mean_slowdown - 0.05).abs() < 1e-12 && (r.max_slowdown - 0.1).abs() < 1e-12);
     assert!((r.model(Model::Full).by_modules[0].mean_slowdown - 0.05).abs() < 1e-12);
 }
+
+/// Colocation times past a profile's limit are refused at the field, whatever their size: they
+/// were silently dropped by the fit (1e308) or fitted into coefficients no profile holds.
+#[test]
+fn colocated_times_past_a_profiles_limit_are_refused() {
+    let p = profile();
+    let model = perf(&p);
+    let good = colocations(&p, TRUE, 10, 0.0, 5);
+    observations(&model, &good, "c.json").unwrap();
+    for bad in [1.0000001e7, 1e100, 1e308] {
+        let mut c = good.clone();
+        c.samples[0].modules[1].time_ms = bad;
+        let e = observations(&model, &c, "c.json").unwrap_err();
+        assert_eq!(e.field(), "samples[0].modules[1].time_ms", "{bad}");
+        let text = e.to_string();
+        assert!(text.starts_with("c.json: field `samples[0].modules[1].time_ms`"));
+        assert!(text.contains("at most 1e7"), "{text}");
+    }
+    // At the limit it is a measurement like any other.
+    let mut c = good.clone();
+    c.samples[0].modules[1].time_ms = MAX_COLOCATED_MS;
+    observations(&model, &c, "c.json").unwrap();
+    // Against a profiled time so small that the slowdown is not a number.
+    let mut tiny = p.clone();
+    for s in &mut tiny.modules.iter_mut().flat_map(|m| m.samples.iter_mut()) {
+        s.time_ms = 1e-310;
+    }
+    let e = observations(&perf(&tiny), &good, "c.json").unwrap_err();
+    assert_eq!(e.field(), "samples[0].modules[0].time_ms");
+}
+
+/// A fit whose coefficients a profile cannot hold is refused, naming the samples that drove
+/// it, rather than written into a profile the planner refuses.
+#[test]
+fn coefficients_no_profile_holds_are_refused_naming_the_samples() {
+    let p = profile();
+    let model = perf(&p);
+    let good = colocations(&p, TRUE, 20, 0.01, 9);
+    let obs = observations(&model, &good, "c.json").unwrap();
+    check_fitted(&evaluate(&obs, HOLDOUT_EVERY), &obs, "c.json").unwrap();
+    // One module of sample 1 (fitted, not held out) measured at the largest time a file may
+    // state: a slowdown of ~10⁵, which the fit spreads into coefficients ≫ 100.
+    let mut c = good.clone();
+    c.samples[1].modules[0].time_ms = MAX_COLOCATED_MS;
+    let obs = observations(&model, &c, "c.json").unwrap();
+    let report = evaluate(&obs, HOLDOUT_EVERY);
+    let e = report.model(Model::Full).interference;
+    assert!(e.e1.max(e.e2).max(e.e3) > MAX_COEFFICIENT, "{e:?}");
+    let e = check_fitted(&report, &obs, "c.json").unwrap_err();
+    assert_eq!(e.field(), "samples[1].modules[0].time_ms");
+    let text = e.to_string();
+    assert!(text.starts_with("c.json: "), "{text}");
+    assert!(
+        text.contains("at most 100") && text.contains("fits e"),
+        "{text}"
+    );
+    assert!(text.contains("samples[1].modules[0] (\"m"), "{text}");
+    // The same sample held out (sample 4 with every 5th held out) drives nothing.
+    let mut c = good;
+    c.samples[4].modules[0].time_ms = MAX_COLOCATED_MS;
+    let obs = observations(&model, &c, "c.json").unwrap();
+    check_fitted(&evaluate(&obs, HOLDOUT_EVERY), &obs, "c.json").unwrap();
+}

@@ -198,6 +198,7 @@ pub(crate) fn fit(
         let obs = mosaic_fit::observations(&perf, &colocations.file, &colocations.name)
             .map_err(|e| e.to_string())?;
         let report = mosaic_fit::evaluate(&obs, every);
+        mosaic_fit::check_fitted(&report, &obs, &colocations.name).map_err(|e| e.to_string())?;
         let zoo = match &profile.zoo {
             Some(z) => Some((
                 mosaic_zoo::model(&z.model).map_err(|e| e.to_string())?,

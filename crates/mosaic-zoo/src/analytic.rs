@@ -481,10 +481,7 @@ impl Calibration {
     /// planner charges a placement that spans more nodes from these.
     pub fn profile(&self, model: &ModelSpec, cluster: &ClusterSpec) -> ProfileFile {
         let batch = model.batch_on(cluster);
-        let dps: Vec<u32> = (0..32)
-            .map(|k| 1u32 << k)
-            .take_while(|&d| d <= cluster.gpus() && d <= batch)
-            .collect();
+        let dps = profiled_dps(model, cluster);
         let quotas = cluster.device.quota_grid();
         let modules = model
             .modules
@@ -535,6 +532,16 @@ impl Calibration {
             inter_gbps: cluster.ib_gbps * self.link_efficiency,
         }
     }
+}
+
+/// The data-parallel degrees [`Calibration::profile`] profiles `model` at on `cluster`: powers
+/// of two up to the cluster's GPUs and the model's batch there.
+pub(crate) fn profiled_dps(model: &ModelSpec, cluster: &ClusterSpec) -> Vec<u32> {
+    let batch = model.batch_on(cluster);
+    (0..32)
+        .map(|k| 1u32 << k)
+        .take_while(|&d| d <= cluster.gpus() && d <= batch)
+        .collect()
 }
 
 /// The gradient each replica of `spec` all-reduces per step, GiB: its parameters in bf16 when

@@ -146,7 +146,7 @@ pub fn devices() -> Vec<DeviceSpec> {
 }
 
 /// Builds a cluster of `gpus` GPUs of `device`, 8 per node (fewer than 8: one partial node).
-fn make(device: DeviceSpec, gpus: u32) -> Result<ClusterSpec, String> {
+pub(crate) fn make(device: DeviceSpec, gpus: u32) -> Result<ClusterSpec, String> {
     let (gpus_per_node, nodes) = match gpus {
         0 => return Err("expected at least 1 GPU".into()),
         // The planner's limit (mosaic_plan::MAX_GPUS, which this crate does not depend on).

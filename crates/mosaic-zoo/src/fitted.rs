@@ -1,6 +1,7 @@
 //! The device model's free constants: the ones `mosaic calibrate` fits to a measured profile.
 
 use crate::analytic::Calibration;
+use crate::bounds;
 
 /// A constant of [`Calibration`] that is fitted to measurements rather than assumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,19 +47,19 @@ impl FreeConstant {
         }
     }
 
-    /// The range a fit may take it in (physical limits, open at 0): efficiencies and
-    /// fractions in (0, 1], the SM exponent in [0.3, 1.2], the overlap exponent in [1, 64]
-    /// (from no overlap to the maximum within 1.1 %), times and rows positive.
+    /// The range a fit may take it in: exactly the range a calibration file may state it in
+    /// ([`Calibration::BOUNDS`], which says why), so that every fit is a valid file's.
     pub fn bounds(self) -> (f64, f64) {
-        match self {
-            FreeConstant::GemmEfficiency => (0.01, 1.0),
-            FreeConstant::RowsHalf => (0.1, 1e5),
-            FreeConstant::SmExponent => (0.3, 1.2),
-            FreeConstant::BwSaturation => (0.02, 1.0),
-            FreeConstant::LaunchStepMs => (1e-3, 100.0),
-            FreeConstant::LaunchUs => (0.01, 1000.0),
-            FreeConstant::OverlapExponent => (1.0, 64.0),
-        }
+        let b = match self {
+            FreeConstant::GemmEfficiency => bounds::GEMM_EFFICIENCY,
+            FreeConstant::RowsHalf => bounds::ROWS_HALF,
+            FreeConstant::SmExponent => bounds::SM_EXPONENT,
+            FreeConstant::BwSaturation => bounds::BW_SATURATION,
+            FreeConstant::LaunchStepMs => bounds::LAUNCH_STEP_MS,
+            FreeConstant::LaunchUs => bounds::LAUNCH_US,
+            FreeConstant::OverlapExponent => bounds::OVERLAP_EXPONENT,
+        };
+        (b.min, b.max)
     }
 
     /// Its value in `cal`.

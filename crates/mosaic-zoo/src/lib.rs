@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod analytic;
+mod bounds;
 mod device;
 mod error;
 mod fitted;
@@ -42,8 +43,9 @@ mod token_cost;
 mod workload;
 
 pub use analytic::{profile, Calibration, Estimate};
+pub use bounds::Bound;
 pub use device::{cluster, clusters, devices, ClusterSpec, DeviceSpec, GPUS_PER_NODE};
-pub use error::ZooError;
+pub use error::{CalibrationError, ZooError};
 pub use fitted::FreeConstant;
 pub use kernels::PLAIN_LAYER_KERNELS;
 pub use models::{model, models};
