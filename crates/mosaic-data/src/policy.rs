@@ -30,7 +30,8 @@ pub enum Policy {
     /// DistTrain's intra-microbatch reordering alone (§6.1), microbatches in slot order: the
     /// ablation that shows what Algorithm 3 adds.
     DistTrainIntra,
-    /// FlowTrain's best-fit packing and zig-zag dispatch (§3.4).
+    /// FlowTrain's best-fit packing and zig-zag dispatch (§3.4), on plain 1F1B only (its
+    /// ranks' microbatch counts are uneven; `vpp > 1` is [`DataError::FlowTrainInterleaved`]).
     FlowTrain,
 }
 
@@ -105,18 +106,26 @@ pub enum DataError {
         value: usize,
         limit: usize,
     },
-    /// Interleaved 1F1B needs each rank's microbatch count to be a multiple of `pp` (`rank`
-    /// is 0 for the policies whose ranks all get `microbatches`).
+    /// Interleaved 1F1B needs each rank's microbatch count to be a multiple of `pp`.
     #[error(
         "interleaved 1F1B (vpp {vpp}) needs every rank's microbatch count to be a multiple \
-         of pp {pp}; rank {rank} has {microbatches}"
+         of pp {pp}; each rank has {microbatches}"
     )]
     NotMultiple {
-        rank: usize,
         microbatches: usize,
         pp: usize,
         vpp: usize,
     },
+    /// FlowTrain with virtual pipeline stages: its packing and bucketed zig-zag give ranks
+    /// uneven microbatch counts, known only after packing, which interleaved 1F1B cannot run
+    /// (it needs a multiple of `pp` on every rank), so FlowTrain runs on plain 1F1B only,
+    /// whatever the batch.
+    #[error(
+        "FlowTrain runs on plain 1F1B only (vpp 1), not interleaved 1F1B (vpp {vpp}): its \
+         packing gives the ranks uneven microbatch counts, and interleaved 1F1B needs every \
+         rank's count to be a multiple of pp"
+    )]
+    FlowTrainInterleaved { vpp: usize },
     /// `alpha` or `beta` is negative or not finite.
     #[error("params.{name} is {value}; it must be finite and non-negative")]
     BadParam { name: &'static str, value: f64 },
@@ -356,7 +365,7 @@ pub struct Layout {
     pub microbatches: usize,
     /// Model chunks per pipeline stage (virtual pipeline stages): 1 runs non-interleaved
     /// 1F1B, more runs Megatron-LM's interleaved 1F1B ([`crate::interleaved`]), which needs
-    /// each rank's microbatch count to be a multiple of `pp`.
+    /// each rank's microbatch count to be a multiple of `pp` ([`Policy::FlowTrain`]: 1 only).
     pub vpp: usize,
 }
 
@@ -416,9 +425,11 @@ fn validate(
         )?;
     }
     limit("dp × microbatches × pp × vpp", operations, MAX_OPERATIONS)?;
+    if vpp > 1 && policy == Policy::FlowTrain {
+        return Err(DataError::FlowTrainInterleaved { vpp });
+    }
     if vpp > 1 && !microbatches.is_multiple_of(pp) {
         return Err(DataError::NotMultiple {
-            rank: 0,
             microbatches,
             pp,
             vpp,
@@ -475,8 +486,9 @@ pub fn assign(
 ///
 /// # Errors
 /// [`DataError`]: a zero `dp`, `pp`, `microbatches`, `vpp` or `params.buckets`; a layout
-/// above [`MAX_SLOTS`] or [`MAX_VIRTUAL_STAGES`]; `vpp > 1` with a rank's microbatch count
-/// no multiple of `pp` (FlowTrain's counts are known only after packing); a negative or
+/// above [`MAX_SLOTS`] or [`MAX_VIRTUAL_STAGES`]; `vpp > 1` with `microbatches` no multiple
+/// of `pp`, or with [`Policy::FlowTrain`] (whatever the batch: its per-rank counts are
+/// uneven, known only after packing); a negative or
 /// non-finite `alpha` or `beta`; stage weights of the wrong length, negative, non-finite or
 /// all 0; FlowTrain's packing errors (a sample longer than the capacity, a bad capacity).
 pub fn assign_weighted(
@@ -489,9 +501,9 @@ pub fn assign_weighted(
     validate(policy, layout, params, stage_weights)?;
     let Layout {
         dp,
-        pp,
         microbatches,
         vpp,
+        ..
     } = layout;
     let sample_costs: Vec<f64> = sizes
         .iter()
@@ -562,25 +574,11 @@ pub fn assign_weighted(
             };
             let packed = pack(sizes, capacity)?;
             let costs = microbatch_costs(sizes, &packed, params);
-            let ranks: Vec<Vec<Vec<usize>>> = zigzag_buckets(&costs, dp, params.buckets)
+            // Plain 1F1B only (`validate`), so any per-rank count runs.
+            zigzag_buckets(&costs, dp, params.buckets)
                 .into_iter()
                 .map(|rank| rank.into_iter().map(|k| packed[k].clone()).collect())
-                .collect();
-            if vpp > 1 {
-                if let Some((rank, mbs)) = ranks
-                    .iter()
-                    .enumerate()
-                    .find(|(_, r)| !r.len().is_multiple_of(pp))
-                {
-                    return Err(DataError::NotMultiple {
-                        rank,
-                        microbatches: mbs.len(),
-                        pp,
-                        vpp,
-                    });
-                }
-            }
-            ranks
+                .collect()
         }
     })
 }
@@ -704,6 +702,32 @@ mod tests {
             Err(DataError::Zero {
                 what: "params.buckets"
             })
+        );
+    }
+
+    /// FlowTrain under VPP is refused whatever the batch, also where packing happens to give
+    /// every rank a multiple of `pp` (one stage: always), so the answer never hangs on a seed.
+    #[test]
+    fn flowtrain_runs_on_plain_1f1b_only() {
+        let sizes: Vec<u32> = (1..=64).map(|i| 37 * i % 500 + 1).collect();
+        for (dp, pp, m) in [(1, 1, 4), (2, 1, 3), (2, 2, 4), (8, 4, 8)] {
+            let layout = Layout {
+                vpp: 2,
+                ..Layout::new(dp, pp, m)
+            };
+            for result in [
+                evaluate(Policy::FlowTrain, &sizes, layout, &params()).map(|_| ()),
+                assign(Policy::FlowTrain, &sizes, layout, &params()).map(|_| ()),
+            ] {
+                assert_eq!(result, Err(DataError::FlowTrainInterleaved { vpp: 2 }));
+            }
+            let plain = Layout::new(dp, pp, m);
+            assert!(evaluate(Policy::FlowTrain, &sizes, plain, &params()).is_ok());
+        }
+        let msg = DataError::FlowTrainInterleaved { vpp: 2 }.to_string();
+        assert!(
+            msg.contains("plain 1F1B only") && msg.contains("vpp 2"),
+            "{msg}"
         );
     }
 

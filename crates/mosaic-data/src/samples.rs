@@ -6,13 +6,16 @@
 //!
 //! Every field is optional (0 or no images when absent); any other field is refused, naming
 //! it. Images are `[height, width]` in pixels. A [`Tokenizer`] turns a [`Sample`] into the
-//! tokens the backbone sees, and [`token_counts`] into the `u32` sizes the policies take.
+//! tokens the backbone sees, and [`token_counts`] into the `u32` sizes the policies take; a
+//! sample must come to at least one token (`{}` alone is refused there: a training sample
+//! carries something, and a batch of empty samples has no cost to balance).
 //!
 //! Limits, checked where the input enters: the file at most
 //! [`mosaic_kit::files::MAX_TEXT_BYTES`] (256 MiB) and a regular file; at most
 //! [`MAX_SAMPLES`] samples and at least one (blank lines are skipped); text at most
 //! [`MAX_TEXT_TOKENS`] tokens; at most [`MAX_IMAGES`] images per sample, sides
-//! `1..=`[`MAX_IMAGE_SIDE`] pixels; audio seconds finite in `[0, `[`MAX_AUDIO_SECONDS`]`]`.
+//! `1..=`[`MAX_IMAGE_SIDE`] pixels; audio seconds finite in `[0, `[`MAX_AUDIO_SECONDS`]`]`;
+//! and, in [`token_counts`], from 1 to [`crate::packing::MAX_CAPACITY`] tokens a sample.
 //! Errors name the file, the 1-based line and the field, and say what was expected.
 
 use mosaic_kit::files::{read_text, MAX_TEXT_BYTES};
@@ -20,6 +23,7 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The most samples one file may hold: a million, above any global batch by orders of
 /// magnitude, and what every policy simulates within seconds (FlowTrain's capacity search
@@ -58,6 +62,9 @@ pub struct Sample {
     /// The 1-based line of the file the sample came from (0 for samples made in code), so
     /// that later errors can name it.
     pub line: usize,
+    /// The file the sample came from, as errors name it (empty for samples made in code);
+    /// shared by all of one file's samples.
+    pub file: Arc<str>,
 }
 
 /// How raw sizes become tokens: images cut into `patch × patch` pixel patches, one token
@@ -167,14 +174,29 @@ pub enum SamplesError {
     Empty { file: String },
     /// A sample with more tokens than a microbatch can hold.
     #[error(
-        "sample {index} (line {line}) has {tokens} tokens, more than the {limit} one \
-         microbatch can hold"
+        "{}sample {index} has {tokens} tokens (text, image patches and audio together); \
+         expected at most {limit}, the most one microbatch can hold",
+        at(file, *line)
     )]
     TooManyTokens {
+        /// The sample's file (empty for samples made in code).
+        file: String,
         index: usize,
         line: usize,
         tokens: u64,
         limit: u32,
+    },
+    /// A sample of no tokens at all (no text, images or audio).
+    #[error(
+        "{}sample {index} has no tokens; expected at least 1 (text_tokens, images or \
+         audio_seconds above 0): a training sample must carry something",
+        at(file, *line)
+    )]
+    NoTokens {
+        /// The sample's file (empty for samples made in code).
+        file: String,
+        index: usize,
+        line: usize,
     },
     /// A tokenizer setting out of range.
     #[error("tokenizer {field} is {value}; expected {expected}")]
@@ -183,6 +205,17 @@ pub enum SamplesError {
         value: String,
         expected: &'static str,
     },
+}
+
+/// Where a sample came from, as an error's prefix: `file, line L: ` (either part left out
+/// when unknown).
+fn at(file: &str, line: usize) -> String {
+    match (file.is_empty(), line) {
+        (true, 0) => String::new(),
+        (true, line) => format!("line {line}: "),
+        (false, 0) => format!("{file}: "),
+        (false, line) => format!("{file}, line {line}: "),
+    }
 }
 
 /// A line's object entries in order, duplicates kept (a map would drop them silently).
@@ -243,8 +276,13 @@ fn json_message(e: &serde_json::Error) -> String {
     }
 }
 
-/// Parses one non-blank line.
-fn parse_line(text: &str, file: &str, line: usize) -> Result<Sample, SamplesError> {
+/// Parses one non-blank line (`shared` is `file` for [`Sample::file`]).
+fn parse_line(
+    text: &str,
+    file: &str,
+    shared: &Arc<str>,
+    line: usize,
+) -> Result<Sample, SamplesError> {
     let entries = match serde_json::from_str::<Entries>(text) {
         Ok(e) => e.0,
         Err(e) if e.classify() == serde_json::error::Category::Data => {
@@ -278,6 +316,7 @@ fn parse_line(text: &str, file: &str, line: usize) -> Result<Sample, SamplesErro
         images: Vec::new(),
         audio_seconds: 0.0,
         line,
+        file: Arc::clone(shared),
     };
     let mut seen = [false; FIELDS.len()];
     for (key, value) in &entries {
@@ -373,6 +412,7 @@ fn parse_line(text: &str, file: &str, line: usize) -> Result<Sample, SamplesErro
 /// module's limits, more than [`MAX_SAMPLES`] samples, or none.
 pub fn parse_jsonl(text: &str, file: &str) -> Result<Vec<Sample>, SamplesError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let shared: Arc<str> = Arc::from(file);
     let mut samples = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -384,7 +424,7 @@ pub fn parse_jsonl(text: &str, file: &str) -> Result<Vec<Sample>, SamplesError> 
                 line: i + 1,
             });
         }
-        samples.push(parse_line(line, file, i + 1)?);
+        samples.push(parse_line(line, file, &shared, i + 1)?);
     }
     if samples.is_empty() {
         return Err(SamplesError::Empty { file: file.into() });
@@ -410,8 +450,10 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Sample>, SamplesError> {
 ///
 /// # Errors
 /// [`SamplesError::BadTokenizer`] for a patch of 0 or a token rate that is negative or not
-/// finite; [`SamplesError::TooManyTokens`], naming the sample and its line, for a sample over
-/// [`crate::packing::MAX_CAPACITY`] tokens (no microbatch could hold it).
+/// finite; naming the sample's file, its line and its index,
+/// [`SamplesError::TooManyTokens`] for a sample over [`crate::packing::MAX_CAPACITY`] tokens
+/// (no microbatch could hold it) and [`SamplesError::NoTokens`] for a sample of 0 tokens
+/// (nothing to train on; a batch of them has no cost, and every policy's times would be 0).
 pub fn token_counts(samples: &[Sample], tok: &Tokenizer) -> Result<Vec<u32>, SamplesError> {
     if tok.patch == 0 {
         return Err(SamplesError::BadTokenizer {
@@ -434,10 +476,18 @@ pub fn token_counts(samples: &[Sample], tok: &Tokenizer) -> Result<Vec<u32>, Sam
         .enumerate()
         .map(|(index, s)| {
             let tokens = s.tokens(tok);
+            if tokens == 0 {
+                return Err(SamplesError::NoTokens {
+                    file: s.file.to_string(),
+                    index,
+                    line: s.line,
+                });
+            }
             u32::try_from(tokens)
                 .ok()
                 .filter(|&t| t <= limit)
-                .ok_or(SamplesError::TooManyTokens {
+                .ok_or_else(|| SamplesError::TooManyTokens {
+                    file: s.file.to_string(),
                     index,
                     line: s.line,
                     tokens,
@@ -477,9 +527,58 @@ mod tests {
             images: vec![(15, 1)],
             audio_seconds: 0.0,
             line: 0,
+            file: Arc::from(""),
         };
         assert_eq!(odd.tokens(&tok), 2);
-        assert_eq!(token_counts(&samples, &tok).unwrap(), vec![1513, 0, 50]);
+        assert_eq!(&*samples[1].file, "s.jsonl");
+        let (first, last) = (&samples[..1], &samples[2..]);
+        assert_eq!(token_counts(first, &tok).unwrap(), vec![1513]);
+        assert_eq!(token_counts(last, &tok).unwrap(), vec![50]);
+    }
+
+    /// A sample of no tokens (`{}`, zeros, an empty image list, or audio at a rate of 0) is
+    /// refused, naming the file, its line and its index; so is a batch of nothing else.
+    #[test]
+    fn empty_samples_are_refused_naming_file_and_line() {
+        let tok = Tokenizer::default();
+        for (text, line, index) in [
+            ("{\"text_tokens\": 5}\n\n{}\n", 3, 1),
+            (
+                "{\"text_tokens\": 0, \"images\": [], \"audio_seconds\": 0}",
+                1,
+                0,
+            ),
+            ("{\"audio_seconds\": 0.0}\n{\"text_tokens\": 1}", 1, 0),
+        ] {
+            let samples = parse_jsonl(text, "z.jsonl").unwrap();
+            let e = token_counts(&samples, &tok).unwrap_err();
+            assert_eq!(
+                e,
+                SamplesError::NoTokens {
+                    file: "z.jsonl".into(),
+                    index,
+                    line
+                },
+                "{text:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with(&format!(
+                    "z.jsonl, line {line}: sample {index} has no tokens"
+                )) && msg.contains("at least 1"),
+                "{msg}"
+            );
+        }
+        let mute = Tokenizer {
+            audio_tokens_per_second: 0.0,
+            ..tok
+        };
+        let audio = parse_jsonl("{\"audio_seconds\": 3}", "a.jsonl").unwrap();
+        assert_eq!(token_counts(&audio, &tok).unwrap(), vec![75]);
+        assert!(matches!(
+            token_counts(&audio, &mute),
+            Err(SamplesError::NoTokens { line: 1, .. })
+        ));
     }
 
     #[test]
@@ -552,14 +651,30 @@ mod tests {
             images: vec![],
             audio_seconds: 0.0,
             line: 7,
+            file: Arc::from(""),
         };
         let msg = token_counts(&[big], &Tokenizer::default())
             .unwrap_err()
             .to_string();
         assert!(
-            msg.contains("sample 0 (line 7)") && msg.contains("16777216"),
+            msg.starts_with("line 7: sample 0 has 16777216 tokens") && msg.contains("4194304"),
             "{msg}"
         );
+        // From a file, the error names it: text at its limit, or one 64K × 64K image.
+        for text in [
+            "{\"text_tokens\": 1}\n{\"text_tokens\": 16777216}",
+            "{\"text_tokens\": 1}\n{\"images\": [[65536, 65536]]}",
+        ] {
+            let samples = parse_jsonl(text, "big.jsonl").unwrap();
+            let msg = token_counts(&samples, &Tokenizer::default())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.starts_with("big.jsonl, line 2: sample 1 has ")
+                    && msg.contains("expected at most 4194304"),
+                "{msg}"
+            );
+        }
         let bad = Tokenizer {
             patch: 0,
             ..Tokenizer::default()

@@ -339,8 +339,7 @@ proptest! {
     /// Every policy schedules every sample exactly once; Random and DistTrain give every rank
     /// exactly `m` microbatches, FlowTrain's bucketed zig-zag counts differ by at most the
     /// number of buckets between ranks (at most one per bucket). Under VPP (`vpp > 1`, `m` a
-    /// multiple of `pp`) the same holds, FlowTrain being refused for a rank whose count is no
-    /// multiple of `pp`.
+    /// multiple of `pp`) the same holds, and FlowTrain is refused, whatever the batch.
     #[test]
     fn every_sample_is_scheduled_once(
         sizes in prop::collection::vec(1u32..=4096, 0..150),
@@ -351,15 +350,13 @@ proptest! {
         let m = if vpp > 1 { pp * m.div_ceil(pp) } else { m };
         let layout = Layout { vpp, ..Layout::new(dp, pp, m) };
         for policy in [Policy::Random, Policy::DistTrain, Policy::DistTrainIntra, Policy::FlowTrain] {
-            let ranks = match assign(policy, &sizes, layout, &params) {
-                Err(DataError::NotMultiple { rank, microbatches, .. })
-                    if policy == Policy::FlowTrain && vpp > 1 =>
-                {
-                    prop_assert!(!microbatches.is_multiple_of(pp) && rank < dp);
-                    continue;
-                }
-                other => other.unwrap(),
-            };
+            if policy == Policy::FlowTrain && vpp > 1 {
+                let refused = Err(DataError::FlowTrainInterleaved { vpp });
+                prop_assert_eq!(assign(policy, &sizes, layout, &params).map(|_| ()), refused.clone());
+                prop_assert_eq!(evaluate(policy, &sizes, layout, &params).map(|_| ()), refused);
+                continue;
+            }
+            let ranks = assign(policy, &sizes, layout, &params).unwrap();
             prop_assert_eq!(ranks.len(), dp);
             let mut seen: Vec<usize> = ranks.iter().flatten().flatten().copied().collect();
             seen.sort_unstable();
@@ -438,8 +435,8 @@ fn balanced_policies_beat_random_on_skewed_batches() {
     assert!(med(1, bubble) <= med(2, bubble));
 }
 
-/// Interleaving (two chunks per stage) cuts the pipeline bubble of every policy whose ranks
-/// hold a multiple of `pp` microbatches on skewed batches (median over seeds), and a lighter
+/// Interleaving (two chunks per stage) cuts the pipeline bubble of every policy that runs it
+/// (all but FlowTrain, refused) on skewed batches (median over seeds), and a lighter
 /// first stage (an encoder at a third of a backbone stage) keeps every policy's report sane.
 /// Prints the numbers.
 #[test]
@@ -469,7 +466,9 @@ fn interleaving_cuts_the_bubble_on_skewed_batches() {
                         );
                         bubbles[i].push(r.bubble_fraction);
                     }
-                    Err(e @ DataError::NotMultiple { .. }) if policy == Policy::FlowTrain => {
+                    Err(e @ DataError::FlowTrainInterleaved { .. })
+                        if policy == Policy::FlowTrain && vpp > 1 =>
+                    {
                         println!("{policy:?} vpp {vpp} seed {seed}: {e}");
                     }
                     Err(e) => panic!("{policy:?} vpp {vpp} seed {seed}: {e}"),

@@ -358,9 +358,19 @@ proptest! {
                     prop_assert!(s.line >= 1);
                 }
                 let tok = Tokenizer::default();
-                if let Err(e) = token_counts(&samples, &tok) {
-                    let is_too_many = matches!(e, SamplesError::TooManyTokens { .. });
-                    prop_assert!(is_too_many);
+                match token_counts(&samples, &tok) {
+                    Ok(sizes) => prop_assert!(sizes.iter().all(|&t| (1..=MAX_CAPACITY).contains(&t))),
+                    Err(e) => {
+                        // Too many tokens or none: either way the file and line are named.
+                        let named = matches!(
+                            &e,
+                            SamplesError::TooManyTokens { file, line, .. }
+                                | SamplesError::NoTokens { file, line, .. }
+                                if file == "fuzz.jsonl" && *line >= 1
+                        );
+                        prop_assert!(named, "{e:?}");
+                        prop_assert!(e.to_string().starts_with("fuzz.jsonl, line "), "{e}");
+                    }
                 }
             }
             Err(e) => prop_assert!(e.to_string().contains("fuzz.jsonl")),
