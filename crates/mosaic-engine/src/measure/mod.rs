@@ -53,9 +53,8 @@ mod slots;
 mod sweep;
 
 pub use block::{time_block, PieceTime};
-#[cfg(test)]
-pub(crate) use bytes::tape_bytes;
 pub use bytes::{bytes_moved, Memory};
+pub(crate) use bytes::{tape_bytes, tensor_bytes};
 pub use colocate::{ColocatedRun, ColocationConfig, MeasuredColocation, MAX_COLOCATED};
 pub use files::{colocation_file, profile_file};
 pub use gpu_check::{check_gpu, GpuCheck, Outcome};

@@ -294,12 +294,26 @@ impl DataSource for TensorFile {
 }
 
 /// The most samples in one step: a batch is built whole in memory on every rank, and the
-/// built-in models' activations are a few KiB a sample, so 65,536 samples already take GiBs.
+/// built-in models' activations are a few KiB a sample, so 65,536 samples already take GiBs
+/// (and a contrastive loss's logits grow with the square of the batch: a CPU run checks its
+/// step against the host's memory, [`crate::runtime::memory::HostNeed`]).
 pub const MAX_BATCH: usize = 1 << 16;
 
-/// The most samples [`write_batches`] writes: the file is built in memory first, about 1 KiB a
-/// sample for the built-in models, so about 1 GiB.
+/// The most samples [`write_batches`] writes: the file is built in memory first, 1.1 KiB a
+/// sample for clip-tiny and 1.5 KiB for omni-tiny, so at most 1.5 GiB.
 pub const MAX_WRITTEN_SAMPLES: u64 = 1 << 20;
+
+/// The most bytes [`write_batches`] writes, whatever the data: the file is built in memory
+/// first (a zoo-built model's samples are megabytes each, where [`MAX_WRITTEN_SAMPLES`] of
+/// them would be terabytes); 2²⁰ samples of either tiny model fit under it.
+pub const MAX_WRITTEN_BYTES: u64 = 2 << 30;
+
+/// Bytes one sample of `fields` takes in a data file: 4 a value, f32 or u32.
+pub fn sample_bytes(fields: &[Field]) -> u64 {
+    (fields.iter())
+        .map(|f| 4 * f.dims.iter().map(|&d| d as u64).product::<u64>())
+        .sum()
+}
 
 /// Checks a batch size (`--batch`): at least 1 sample and at most [`MAX_BATCH`].
 pub fn check_batch(batch: usize) -> Result<(), EngineError> {
@@ -333,6 +347,23 @@ pub fn write_batches(
                 "{} × {batch} samples is more than the {MAX_WRITTEN_SAMPLES} a data file may hold \
                  (the whole file is built in memory first)",
                 steps.max(1)
+            ),
+        });
+    }
+    let per_sample = sample_bytes(&data.fields());
+    let bytes = (steps.max(1) * batch as u64).saturating_mul(per_sample);
+    if bytes > MAX_WRITTEN_BYTES {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(EngineError::BadSetting {
+            setting: "--steps × --batch".into(),
+            message: format!(
+                "{} × {batch} samples of {per_sample} bytes make {:.2} GiB, more than the {:.0} \
+                 GiB a data file may hold (the whole file is built in memory first); at most \
+                 {} samples of this data fit",
+                steps.max(1),
+                gib(bytes),
+                gib(MAX_WRITTEN_BYTES),
+                MAX_WRITTEN_BYTES / per_sample.max(1)
             ),
         });
     }
@@ -374,6 +405,46 @@ mod tests {
                 x.flatten_all().unwrap().to_vec1::<f32>().unwrap()
                     == y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
             })
+    }
+
+    /// A zoo-sized sample: 3 MiB of values; drawing a batch of it is an error.
+    struct Huge;
+
+    impl DataSource for Huge {
+        fn batch(&self, _: u64, _: usize, _: &Device) -> candle_core::Result<Batch> {
+            candle_core::bail!("nothing is drawn before the size is checked")
+        }
+
+        fn fields(&self) -> Vec<Field> {
+            vec![Field {
+                name: "vision",
+                dims: vec![1297, 588],
+                kind: Kind::Real,
+                lengths_of: None,
+            }]
+        }
+    }
+
+    #[test]
+    fn a_file_is_capped_in_bytes_before_anything_is_drawn() {
+        let path = dir("huge").join("d.safetensors");
+        // 16 × 50 samples is far below the sample cap, but 2.3 GiB.
+        let e = write_batches(&Huge, 50, 16, &path).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--steps × --batch: 50 × 16 samples of 3050544 bytes"),
+            "{e}"
+        );
+        assert!(e.contains("at most 703 samples"), "{e}");
+        assert!(!path.exists());
+        // Under the cap, the data is drawn (and here fails).
+        let e = write_batches(&Huge, 1, 16, &path).unwrap_err().to_string();
+        assert!(e.contains("nothing is drawn"), "{e}");
+        // Both tiny models fit the sample cap under the byte cap.
+        for (name, bytes) in [("clip-tiny", 1092), ("omni-tiny", 1576)] {
+            let model = models::build(name, 0, &Device::Cpu).unwrap();
+            assert_eq!(sample_bytes(&model.data.fields()), bytes, "{name}");
+            assert!(MAX_WRITTEN_SAMPLES * bytes <= MAX_WRITTEN_BYTES);
+        }
     }
 
     #[test]

@@ -93,8 +93,14 @@ impl Recipe {
 }
 
 /// Whether `name` is one of the tiny models, which have one size.
-fn is_tiny(name: &str) -> bool {
+pub fn is_tiny(name: &str) -> bool {
     name.to_ascii_lowercase().ends_with("-tiny")
+}
+
+/// The tiny built-in models (`clip-tiny`, `omni-tiny`): what a command that trains on this
+/// machine's CPU at one size accepts.
+pub fn tiny_models() -> Vec<&'static str> {
+    MODELS.iter().map(|m| m.0).filter(|n| is_tiny(n)).collect()
 }
 
 /// Builds the built-in model `name` with parameters and data drawn from `seed`; its texts are

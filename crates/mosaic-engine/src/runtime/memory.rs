@@ -2,10 +2,290 @@
 //! moments against the device's free memory ([`weights_fit`]), then a trial step, after which
 //! activation recomputation is turned on where it can help ([`fit_or_recompute`]). A plan that
 //! still does not fit is refused with [`EngineError::DeviceMemory`] (exit code 2).
+//!
+//! On the CPU, [`HostNeed`] estimates what a step holds in host memory at any batch from
+//! forward passes at a few samples, so that `mosaic train` refuses a `--batch` that cannot fit
+//! before it draws the batch, instead of the allocator aborting the process minutes in.
+
+use candle_core::{Device, Tensor};
 
 use crate::error::EngineError;
-use crate::models::model::Module;
+use crate::measure::{tape_bytes, tensor_bytes};
+use crate::models::model::{Coupling, Input, Module, Output, Shard};
 use crate::models::Model;
+use crate::runtime::schedule::Schedule;
+
+/// Samples of the forward passes [`HostNeed`] extrapolates from: three, so that a module whose
+/// activations grow with the square of the batch is fitted exactly.
+const PROBES: [usize; 3] = [1, 2, 4];
+
+/// What one module's replicas on this rank hold of activations, as a function of the batch.
+#[derive(Debug, Clone)]
+struct ModuleNeed {
+    name: &'static str,
+    /// Its replicas on this rank.
+    here: usize,
+    /// Its data-parallel degree.
+    dp: usize,
+    /// Every replica sees the whole batch ([`Coupling::Gathered`]).
+    gathered: bool,
+    /// Bytes a replica holds at `n` samples: `c[0] + c[1]·n + c[2]·n²`.
+    c: [f64; 3],
+}
+
+impl ModuleNeed {
+    /// Bytes this module's replicas on this rank hold at `batch`.
+    fn bytes(&self, batch: usize) -> f64 {
+        let n = if self.gathered {
+            batch
+        } else {
+            batch.div_ceil(self.dp.max(1))
+        } as f64;
+        let [c0, c1, c2] = self.c;
+        self.here as f64 * (c0 + c1 * n + c2 * n * n).max(0.0)
+    }
+}
+
+/// What a CPU run of a model by a schedule holds in host memory during a step, on one rank:
+/// every module's parameters, gradients and AdamW moments, the step's batch (built whole on
+/// every rank), and the activations this rank's replicas keep on their autograd tapes for the
+/// backward pass (a frozen module's output only, when nothing back-propagates through it).
+/// The activations are measured on forward passes at 4 samples — at 1, 2 and 4 for a module
+/// whose replicas each see the whole batch (a contrastive loss's logits grow with its square),
+/// fitted exactly by a quadratic — and extrapolated. A lower estimate of the peak: the
+/// backward pass's own temporaries come on top.
+#[derive(Debug, Clone)]
+pub struct HostNeed {
+    model: &'static str,
+    /// Parameters, gradients and AdamW moments, bytes.
+    weights: u64,
+    /// Bytes of one sample of the batch.
+    sample: f64,
+    modules: Vec<ModuleNeed>,
+}
+
+/// [`HostNeed`] at one batch size, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostBytes {
+    /// Parameters, gradients and AdamW moments.
+    pub weights: f64,
+    /// The step's batch.
+    pub batch: f64,
+    /// Activations kept for the backward pass.
+    pub activations: f64,
+    /// Of the activations, those of modules whose every replica sees the whole batch.
+    pub gathered: f64,
+}
+
+impl HostBytes {
+    /// All of it.
+    pub fn total(&self) -> f64 {
+        self.weights + self.batch + self.activations
+    }
+}
+
+impl HostNeed {
+    /// Measures `model` by `schedule` as rank `rank` of `world` runs it (forward passes at
+    /// most [`PROBES`]' largest samples, on the model's own data).
+    pub fn measure(
+        model: &Model,
+        schedule: &Schedule,
+        rank: usize,
+        world: usize,
+    ) -> Result<HostNeed, EngineError> {
+        let ranks = schedule.ranks(model.modules.len(), world)?;
+        let dps: Vec<usize> = (0..model.modules.len())
+            .map(|m| schedule.placement(m).dp())
+            .collect();
+        let n = PROBES[PROBES.len() - 1];
+        let data = (model.data)
+            .batch(0, n, &Device::Cpu)
+            .map_err(EngineError::tensor("data"))?;
+        let sample = tensor_bytes(data.tensors.values()) as f64 / n as f64;
+        let mut outputs: Vec<Option<Tensor>> = vec![None; model.modules.len()];
+        let mut modules = Vec::with_capacity(model.modules.len());
+        let mut weights = 0u64;
+        for (i, m) in model.modules.iter().enumerate() {
+            let here = ranks[i].iter().filter(|&&r| r == rank).count();
+            let params = tensor_bytes(m.params.iter().map(|(_, v)| v.as_tensor()));
+            // A value, and for a trained module its gradient (one per replica here) and AdamW's
+            // two moments.
+            weights += if m.trainable {
+                params * (3 + here.max(1) as u64)
+            } else {
+                params
+            };
+            let wholes: Vec<Tensor> = (m.inputs.iter())
+                .map(|input| match input {
+                    Input::Data(key) => data.tensors[key].clone(),
+                    Input::Module(p) => outputs[*p].clone().expect("producers come earlier"),
+                })
+                .collect();
+            let gathered = m.coupling == Coupling::Gathered;
+            let mut t = [0.0; 3];
+            for (j, &k) in PROBES.iter().enumerate() {
+                if !gathered && k != n {
+                    continue;
+                }
+                let inputs = (wholes.iter())
+                    .map(|w| w.narrow(0, 0, k))
+                    .collect::<candle_core::Result<Vec<_>>>()
+                    .map_err(EngineError::tensor(m.name))?;
+                let (out, bytes) = probe(m, inputs, k).map_err(EngineError::tensor(m.name))?;
+                t[j] = bytes as f64;
+                if k == n && m.output == Output::Activation {
+                    outputs[i] = Some(out.detach());
+                }
+            }
+            let c = if gathered {
+                // The quadratic through (1, t0), (2, t1), (4, t2).
+                let (d1, d2) = (t[1] - t[0], (t[2] - t[1]) / 2.0);
+                let c2 = (d2 - d1) / 3.0;
+                let c1 = d1 - 3.0 * c2;
+                [t[0] - c1 - c2, c1, c2]
+            } else {
+                [0.0, t[2] / n as f64, 0.0]
+            };
+            modules.push(ModuleNeed {
+                name: m.name,
+                here,
+                dp: dps[i],
+                gathered,
+                c,
+            });
+        }
+        Ok(HostNeed {
+            model: model.name,
+            weights,
+            sample,
+            modules,
+        })
+    }
+
+    /// The estimate at `batch` samples a step.
+    pub fn bytes(&self, batch: usize) -> HostBytes {
+        let each = |gathered: bool| -> f64 {
+            (self.modules.iter())
+                .filter(|m| !gathered || m.gathered)
+                .map(|m| m.bytes(batch))
+                .sum()
+        };
+        HostBytes {
+            weights: self.weights as f64,
+            batch: self.sample * batch as f64,
+            activations: each(false),
+            gathered: each(true),
+        }
+    }
+
+    /// The largest batch up to `batch` whose estimate is within `available` bytes (0: not
+    /// even one sample).
+    pub fn largest_fitting(&self, batch: usize, available: f64) -> usize {
+        let (mut lo, mut hi) = (0, batch);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.bytes(mid).total() <= available {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// Fails, naming `--batch`, the estimate and the largest batch that fits, when a step of
+    /// `batch` samples needs more than `available` bytes (this machine's `MemAvailable`).
+    pub fn check(&self, batch: usize, available: u64) -> Result<(), EngineError> {
+        let b = self.bytes(batch);
+        let available = available as f64;
+        if b.total() <= available {
+            return Ok(());
+        }
+        let gib = |x: f64| x / (1u64 << 30) as f64;
+        let gathered: Vec<&str> = (self.modules.iter())
+            .filter(|m| m.gathered && m.here > 0)
+            .map(|m| m.name)
+            .collect();
+        let square = if b.gathered >= 0.01 * b.total() && !gathered.is_empty() {
+            format!(
+                ", {:.1} GiB of them in {}, whose replicas each see the whole batch: they grow \
+                 with its square",
+                gib(b.gathered),
+                gathered.join(", ")
+            )
+        } else {
+            String::new()
+        };
+        let fit = match self.largest_fitting(batch, available) {
+            0 => "not even one sample fits: train a smaller model".to_string(),
+            n => format!("lower --batch: above about {n} samples a step cannot fit"),
+        };
+        Err(EngineError::BadSetting {
+            setting: "--batch".into(),
+            message: format!(
+                "a step of {batch} samples of {} needs about {:.1} GiB of host memory \
+                 (parameters, gradients and AdamW moments {:.1} GiB, the batch {:.1} GiB, \
+                 activations kept for the backward pass {:.1} GiB{square}), and this machine \
+                 has {:.1} GiB available (MemAvailable in /proc/meminfo); {fit}",
+                self.model,
+                gib(b.total()),
+                gib(b.weights),
+                gib(b.batch),
+                gib(b.activations),
+                gib(available)
+            ),
+        })
+    }
+}
+
+/// One forward pass of module `m`'s replica over the first `k` samples of `inputs` (the
+/// whole-batch ones): its output and the bytes it keeps for the backward pass.
+fn probe(m: &Module, inputs: Vec<Tensor>, k: usize) -> candle_core::Result<(Tensor, u64)> {
+    let shard = Shard {
+        index: 0,
+        count: 1,
+        rows: 0..k,
+        batch: k,
+    };
+    let (xs, _vars) = m.replica_inputs(inputs, &shard)?;
+    let out = m.net.forward(&xs, &shard)?;
+    let bytes = if m.back_propagates() {
+        tape_bytes(&out, &m.params)
+    } else {
+        tensor_bytes([&out])
+    };
+    Ok((out, bytes))
+}
+
+/// This machine's available memory (`MemAvailable` of `/proc/meminfo`), in bytes; `None`
+/// where there is no such file or line.
+pub fn available_host_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024))
+}
+
+/// Refuses (naming `--batch`) a CPU step of `batch` samples of `model` by `schedule`, as rank
+/// `rank` of `world` runs it, that needs more host memory than this machine has available;
+/// measures nothing for a batch of at most 4 samples, nor where the available memory is
+/// unknown.
+pub fn check_host_memory(
+    model: &Model,
+    schedule: &Schedule,
+    batch: usize,
+    rank: usize,
+    world: usize,
+) -> Result<(), EngineError> {
+    let Some(available) = available_host_bytes() else {
+        return Ok(());
+    };
+    if batch <= PROBES[PROBES.len() - 1] {
+        return Ok(());
+    }
+    HostNeed::measure(model, schedule, rank, world)?.check(batch, available)
+}
 
 /// Fails, saying by how much, when the model's parameters, gradients and AdamW moments alone
 /// (every module's, resident for the whole run) exceed the free memory of CUDA device
@@ -256,6 +536,86 @@ mod tests {
             text.contains("even with vision, text recomputing") && text.contains("--batch"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_host_estimate_extrapolates_a_contrastive_loss_exactly_and_names_the_batch() {
+        let model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+        let schedule = Schedule::sequential(&model, 1);
+        let need = HostNeed::measure(&model, &schedule, 0, 1).unwrap();
+        // align's tape at 8 and 32 samples, measured, is the quadratic fitted at 1, 2 and 4.
+        let align = model.index_of("align").unwrap();
+        let data = model.data.batch(0, 32, &Device::Cpu).unwrap();
+        let features: Vec<Tensor> = model.modules[..align]
+            .iter()
+            .map(|m| {
+                let xs: Vec<Tensor> = (m.inputs.iter())
+                    .map(|i| match i {
+                        Input::Data(k) => data.tensors[k].clone(),
+                        Input::Module(_) => unreachable!("the towers read data"),
+                    })
+                    .collect();
+                probe(m, xs, 32).unwrap().0.detach()
+            })
+            .collect();
+        for k in [8, 32] {
+            let xs = features
+                .iter()
+                .map(|f| f.narrow(0, 0, k).unwrap())
+                .collect();
+            let measured = probe(&model.modules[align], xs, k).unwrap().1 as f64;
+            let fitted = need.modules[align].bytes(k);
+            assert!(
+                (fitted - measured).abs() < 1.0,
+                "{k}: {fitted} vs {measured}"
+            );
+        }
+        // At the largest batch the logits take tens of GiB: far more than the towers.
+        let b = need.bytes(65_536);
+        let gib = (1u64 << 30) as f64;
+        assert!(
+            b.total() > 32.0 * gib && b.gathered > 0.9 * b.activations,
+            "{b:?}"
+        );
+        assert!(need.bytes(16).total() < 0.01 * gib, "{:?}", need.bytes(16));
+        // Refused naming --batch, the estimate, align and the largest batch that fits.
+        let available = 4u64 << 30;
+        need.check(16, available).unwrap();
+        let e = need.check(65_536, available).unwrap_err();
+        assert!(e.is_bad_input());
+        let text = e.to_string();
+        assert!(
+            text.starts_with("--batch: a step of 65536 samples of clip-tiny needs"),
+            "{text}"
+        );
+        assert!(
+            text.contains("in align, whose replicas each see the whole batch"),
+            "{text}"
+        );
+        let n = need.largest_fitting(65_536, available as f64);
+        assert!(text.contains(&format!("above about {n} samples")), "{text}");
+        assert!(need.bytes(n).total() <= available as f64);
+        assert!(need.bytes(n + 1).total() > available as f64);
+        assert!((1_000..65_536).contains(&n), "{n}");
+        let e = need.check(65_536, 1).unwrap_err().to_string();
+        assert!(e.contains("not even one sample fits"), "{e}");
+    }
+
+    #[test]
+    fn the_host_estimate_counts_only_this_rank_s_replicas() {
+        let model = crate::models::build("omni-tiny", 0, &Device::Cpu).unwrap();
+        let plan = crate::sequential_plan(&model, 2);
+        let schedule = Schedule::from_plan(&plan, std::path::Path::new("p"), &model, 8, 1).unwrap();
+        let one = HostNeed::measure(&model, &schedule, 0, 1)
+            .unwrap()
+            .bytes(1024);
+        let half = HostNeed::measure(&model, &schedule, 1, 2)
+            .unwrap()
+            .bytes(1024);
+        // Two replicas in one process hold what one of two ranks holds, twice over.
+        assert!(one.activations > 0.0);
+        assert!((one.activations - 2.0 * half.activations).abs() < 1e-6 * one.activations);
+        assert!(one.weights > half.weights && one.batch == half.batch);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 pub mod checkpoint;
 pub mod collective;
 pub mod feed;
-pub(crate) mod memory;
+pub mod memory;
 pub(crate) mod on_gpu;
 pub mod optim;
 pub mod prefetch;
