@@ -60,6 +60,18 @@ impl Source {
                 let cluster_gpus = match &self.cluster {
                     Some(c) => {
                         let cluster = mosaic_zoo::cluster(c)?;
+                        // A plan names its cluster; one of another device would not run there.
+                        if cluster.device.name != file.device.name {
+                            return Err(BadInput(format!(
+                                "--cluster {}: its GPUs are {} but {} profiles {}; give --gpus N \
+                                 instead to plan the file's device on N GPUs",
+                                cluster.name,
+                                cluster.device.name,
+                                path.display(),
+                                mosaic_kit::text::name(&file.device.name)
+                            ))
+                            .into());
+                        }
                         cluster_name = Some(cluster.name.clone());
                         Some(cluster.gpus())
                     }
@@ -85,6 +97,20 @@ impl Source {
         };
         let gpus = match (self.gpus, default_gpus) {
             (Some(0), _) => return Err(BadInput("--gpus: expected at least 1 GPU".into()).into()),
+            // The flag's error alone, not one of the file's planned on too many GPUs.
+            (Some(g), _) if g > mosaic_plan::MAX_GPUS => {
+                return Err(mosaic_plan::PlanError::TooManyGpus { gpus: g }.into())
+            }
+            // A plan stamped with a cluster smaller than itself would not run there.
+            (Some(g), Some(cluster_gpus)) if g > cluster_gpus => {
+                let cluster = cluster_name.as_deref().unwrap_or_default();
+                let device = cluster.rsplit_once('x').map_or(cluster, |(d, _)| d);
+                return Err(BadInput(format!(
+                    "--gpus: {g} GPUs is more than the {cluster_gpus} of cluster {cluster}; name \
+                     a cluster of {g} or more (e.g. {device}x{g})"
+                ))
+                .into());
+            }
             (Some(g), _) | (None, Some(g)) => g,
             (None, None) => {
                 return Err(BadInput(
@@ -136,6 +162,10 @@ pub fn check_output(flag: &str, path: &Path) -> Result<(), BadInput> {
         )));
     }
     match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) if dir.exists() && !dir.is_dir() => Err(BadInput(format!(
+            "{flag} {name}: {} is not a directory, expected the directory to write the file in",
+            dir.display()
+        ))),
         Some(dir) if !dir.is_dir() => Err(BadInput(format!(
             "{flag} {name}: the directory {} does not exist",
             dir.display()
@@ -151,6 +181,12 @@ pub fn create_output_dir(flag: &str, path: &Path) -> Result<(), BadInput> {
     if path.exists() && !path.is_dir() {
         return Err(BadInput(format!(
             "{flag} {name}: is a file, expected a directory"
+        )));
+    }
+    if let Some(file) = path.ancestors().skip(1).find(|a| a.exists() && !a.is_dir()) {
+        return Err(BadInput(format!(
+            "{flag} {name}: {} is not a directory, expected a directory to create it in",
+            file.display()
         )));
     }
     std::fs::create_dir_all(path)
@@ -172,7 +208,7 @@ pub struct Samples {
     #[arg(long, value_name = "DISTRIBUTION", value_parser = ["text", "interleaved"])]
     pub generate: Option<String>,
     /// Samples to generate (default: the global batch where known, else 1,024).
-    #[arg(long, requires = "generate",
+    #[arg(long, requires = "generate", conflicts_with = "samples",
           value_parser = clap::value_parser!(u64).range(1..=MAX_SAMPLES))]
     pub count: Option<u64>,
     /// Seed of the generated sizes and of the batching policies' shuffles.

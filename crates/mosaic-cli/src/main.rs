@@ -2,12 +2,15 @@
 //!
 //! Every subcommand is one step of the pipeline in `docs/design.md` and reads or writes a
 //! versioned JSON file. Bad input exits with code 2 and one message naming the file and the
-//! field.
+//! field. Output that cannot be written ends the process without a panic: a closed pipe
+//! (`mosaic profile … | head`) quietly with code 141, as if by SIGPIPE; any other failure
+//! (a full disk) with one line and code 1.
 
 mod chart;
 mod commands;
 mod input;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +61,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    output_failures_exit();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(a) => commands::plan::run(a),
@@ -74,12 +78,16 @@ fn main() -> ExitCode {
         Command::Check(a) => commands::check::run(a),
         Command::Data(a) => commands::data::run(a),
     };
+    // What is still buffered goes out now, where a failure can be told (at exit it is lost).
+    if let Err(e) = std::io::stdout().flush() {
+        output_failed("stdout", &e.to_string());
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", clip_message(&e.to_string()));
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", clip_message(&cause.to_string()));
             }
             let bad_input = e.downcast_ref::<input::BadInput>().is_some()
                 || e.downcast_ref::<mosaic_profile::ProfileError>().is_some()
@@ -101,6 +109,60 @@ fn main() -> ExitCode {
             ExitCode::from(if bad_input { 2 } else { 1 })
         }
     }
+}
+
+/// The most characters of one message line: the libraries quote names clipped, and this
+/// bounds what else a message may echo of the input (a parser's excerpt, a list of names).
+const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// A message line, its middle left out past [`MAX_MESSAGE_CHARS`].
+fn clip_message(message: &str) -> std::borrow::Cow<'_, str> {
+    mosaic_kit::text::clip_middle(message, MAX_MESSAGE_CHARS)
+}
+
+/// Exit code of a write to a closed pipe: 128 + SIGPIPE, what a shell reports for a command
+/// that the signal ended (`mosaic profile … | head` then ends as `cat` would, without a word).
+const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// Makes a failed write to standard output or error end the process cleanly instead of with a
+/// panic: `println!` panics when it cannot write, and the hook set here catches that one
+/// panic, wherever it is printed from. A closed pipe (`| head`) ends the process quietly with
+/// [`BROKEN_PIPE_EXIT`], as the Unix convention has it; any other failure (`> /dev/full`)
+/// with one line on standard error and exit code 1. Every other panic goes to the default
+/// hook. (SIGPIPE itself stays ignored, as Rust sets it: the engine's data feed reads a
+/// closed socket as an error, not as the end of the process.)
+fn output_failures_exit() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        for stream in ["stdout", "stderr"] {
+            if let Some(why) = message.strip_prefix(&format!("failed printing to {stream}: ")) {
+                output_failed(stream, why);
+            }
+        }
+        default(info)
+    }));
+}
+
+/// Ends the process after a failed write to `stream` (`stdout` or `stderr`), `why` the OS
+/// error: quietly for a closed pipe, else with one line on standard error (where it can be
+/// written) and exit code 1.
+fn output_failed(stream: &str, why: &str) -> ! {
+    if why.contains("Broken pipe") || why.contains("os error 32") {
+        std::process::exit(BROKEN_PIPE_EXIT);
+    }
+    let name = if stream == "stdout" {
+        "standard output"
+    } else {
+        "standard error"
+    };
+    let _ = writeln!(std::io::stderr(), "error: cannot write to {name}: {why}");
+    std::process::exit(1)
 }
 
 /// A file-system error that means a path on the command line is wrong (`cannot write FILE`: a

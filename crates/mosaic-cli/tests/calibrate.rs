@@ -276,3 +276,147 @@ fn simulate_runs_a_plan_under_a_calibration() {
     };
     assert!(at(&slow_path) > at(&cal));
 }
+
+/// The CLIP measurements with only the first `n` samples of each module.
+fn first_samples(d: &std::path::Path, n: usize) -> PathBuf {
+    let mut v = read_json(&clip_profile());
+    for m in v["modules"].as_array_mut().unwrap() {
+        m["samples"].as_array_mut().unwrap().truncate(n);
+    }
+    let p = d.join(format!("first-{n}.json"));
+    std::fs::write(&p, v.to_string()).unwrap();
+    p
+}
+
+/// Seven constants fitted to three samples fit them exactly and predict nothing: refused,
+/// saying how many samples are needed. Nine samples fit, but each module held out leaves six,
+/// and the command says so.
+#[test]
+fn calibrate_refuses_fewer_samples_than_constants() {
+    let d = dir("calibrate-few");
+    let (p1, p3) = (first_samples(&d, 1), first_samples(&d, 3));
+    let out = d.join("c.json");
+    refused(&[(
+        format!(
+            "calibrate --profiles {} --model clip --device h100 --out {}",
+            s(&p1),
+            s(&out)
+        ),
+        &format!(
+            "{}: field `modules`: the modules hold 3 samples in all, but 7 constants are fitted",
+            s(&p1)
+        ),
+    )]);
+    assert!(!out.exists());
+    let o = mosaic_line(&format!(
+        "calibrate --profiles {} --model clip --device h100",
+        s(&p3)
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`align` is predicted by a fit of 7 constants to 6 samples"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Measurements so slow that the constants fitted to them, each at the slow end of its range,
+/// would give profiles the planner refuses: refused, naming the measured file, rather than
+/// written into a calibration that `--calibration` would refuse.
+#[test]
+fn calibrate_refuses_constants_no_profile_could_hold() {
+    let d = dir("calibrate-slow");
+    let mut v = read_json(&clip_profile());
+    for m in v["modules"].as_array_mut().unwrap() {
+        for x in m["samples"].as_array_mut().unwrap() {
+            let t = x["time_ms"].as_f64().unwrap();
+            x["time_ms"] = (t * 1000.0).min(1e7).into();
+        }
+    }
+    let slow = d.join("slow.json");
+    std::fs::write(&slow, v.to_string()).unwrap();
+    let out = d.join("c.json");
+    refused(&[(
+        format!(
+            "calibrate --profiles {} --model clip --device h100 --out {}",
+            s(&slow),
+            s(&out)
+        ),
+        &format!(
+            "{}: the constants fitted to its samples are no calibration of a real GPU: field \
+             `constants`",
+            s(&slow)
+        ),
+    )]);
+    assert!(!out.exists());
+}
+
+/// Constants that pass the old (0, 1] checks but give absurd plans and profiles the planner
+/// refuses: each refused by every command that reads it, naming the file and the field.
+#[test]
+fn calibrations_outside_physical_bounds_are_refused_by_every_command() {
+    let d = dir("calibration-bounds");
+    let good = d.join("calibration.json");
+    std::fs::write(
+        &good,
+        serde_json::json!({"format": "mosaic-calibration/1",
+            "constants": serde_json::to_value(mosaic_zoo::Calibration::default()).unwrap()})
+        .to_string(),
+    )
+    .unwrap();
+    let plan = d.join("plan.json");
+    ok(&format!(
+        "plan --model clip --cluster h100x8 --out {}",
+        s(&plan)
+    ));
+    let profile = d.join("p.json");
+    let mut cases = Vec::new();
+    for (field, value, says) in [
+        (
+            "gemm_efficiency",
+            1e-300,
+            "field `constants.gemm_efficiency`",
+        ),
+        ("hbm_efficiency", 1e-300, "field `constants.hbm_efficiency`"),
+        (
+            "link_efficiency",
+            1e-300,
+            "field `constants.link_efficiency`",
+        ),
+        ("workspace_gib", 1e6, "field `constants.workspace_gib`"),
+        // Within its range, but matmuls this slow give Qwen3-VL's LLM more than 10⁷ ms.
+        (
+            "gemm_efficiency",
+            0.015,
+            "field `constants`: together these constants",
+        ),
+    ] {
+        let mut v = read_json(&good);
+        v["constants"][field] = value.into();
+        let path = d.join(format!("{field}-{value:e}.json"));
+        std::fs::write(&path, v.to_string()).unwrap();
+        let c = s(&path).to_string();
+        let says = format!("{c}: {says}");
+        for line in [
+            format!("compare --model clip --cluster h100x8 --calibration {c}"),
+            format!("simulate --plan {} --calibration {c}", s(&plan)),
+            format!(
+                "profile --model clip --cluster h100x8 --calibration {c} --out {}",
+                s(&profile)
+            ),
+            format!("report --out {}/r --calibration {c}", s(&d)),
+        ] {
+            cases.push((line, says.clone()));
+        }
+    }
+    let cases: Vec<(String, &str)> = cases.iter().map(|(l, w)| (l.clone(), w.as_str())).collect();
+    refused(&cases);
+    assert!(!profile.exists());
+    // The built-in constants, written as a file, are accepted and give a profile plan reads.
+    ok(&format!(
+        "profile --model clip --cluster h100x8 --calibration {} --out {}",
+        s(&good),
+        s(&profile)
+    ));
+    ok(&format!("plan --profiles {} --gpus 8", s(&profile)));
+}

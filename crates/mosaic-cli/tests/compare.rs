@@ -211,4 +211,42 @@ fn bad_input_exits_with_2_and_names_the_problem() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--slice-sync-ms"), "{}", stderr(&o));
+
+    // Only whole-GPU samples at dp 4 on 2 GPUs: the advice names the dp, not the quota alone.
+    let path = dir.join("dp4.json");
+    let file = json!({
+        "format": "mosaic-profiles/1",
+        "device": {"name": "gpu", "sm_count": 100, "memory_gib": 80.0},
+        "modules": [
+            {"name": "enc", "after": [], "samples": [
+                {"dp": 4, "sm": 1.0, "time_ms": 10.0, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}]}],
+        "interference": {"e1": 0.0, "e2": 0.0, "e3": 0.0}
+    });
+    std::fs::write(&path, file.to_string()).unwrap();
+    let o = mosaic(&[
+        "compare",
+        "--profiles",
+        path.to_str().unwrap(),
+        "--gpus",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("dp of at most 2"), "{}", stderr(&o));
+
+    // A samples file is the batch: a second global batch beside it contradicts it.
+    let samples = dir.join("batch.jsonl");
+    std::fs::write(&samples, "{\"text_tokens\": 100}\n").unwrap();
+    let o = mosaic(&[
+        "compare",
+        "--model",
+        "qwen3-vl",
+        "--cluster",
+        "h100x8",
+        "--samples",
+        samples.to_str().unwrap(),
+        "--global-batch",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--global-batch"), "{}", stderr(&o));
 }

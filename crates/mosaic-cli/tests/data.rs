@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 mod common;
-use common::{dir, example, json_of, mosaic, refused, stderr, stdout};
+use common::{dir, example, json_of, mosaic, refused, s, stderr, stdout};
 
 /// The JSON lines of a `mosaic data --json` run, one per policy.
 fn rows(args: &[&str]) -> Vec<Value> {
@@ -209,4 +209,138 @@ fn compare_with_a_batch_slows_every_row_and_says_why() {
             "{d}"
         );
     }
+}
+
+/// A sample of no tokens (`{}`, zeros) is refused with exit 2 by `mosaic data` and by
+/// `mosaic compare --samples`, naming the file and the line, alone or among others; before,
+/// a batch of them gave every policy 0 ms and `compare` NaN× slowdowns with exit 0.
+#[test]
+fn samples_of_no_tokens_are_refused_naming_file_and_line() {
+    let d = dir("empty-samples");
+    for (name, text, line) in [
+        ("z.jsonl", "{}\n", 1),
+        ("zero.jsonl", "{\"text_tokens\": 0}\n", 1),
+        (
+            "mixed.jsonl",
+            "{\"text_tokens\": 300}\n{\"text_tokens\": 0, \"images\": []}\n{\"text_tokens\": 5}\n",
+            2,
+        ),
+    ] {
+        let file = d.join(name);
+        std::fs::write(&file, text).unwrap();
+        let f = s(&file);
+        let says = format!("{name}, line {line}: ");
+        refused(&[
+            (format!("data --samples {f} --dp 2 --pp 2"), says.as_str()),
+            (
+                format!("compare --model qwen3-vl --cluster h100x8 --samples {f}"),
+                says.as_str(),
+            ),
+            (
+                format!("compare --model qwen3-vl --cluster h100x8 --samples {f} --json"),
+                "no tokens",
+            ),
+        ]);
+    }
+}
+
+/// A sample too large for any microbatch is refused naming the file (and the line).
+#[test]
+fn an_oversized_sample_names_its_file() {
+    let d = dir("oversized");
+    for (name, line) in [
+        ("text.jsonl", "{\"text_tokens\": 16777216}"),
+        ("image.jsonl", "{\"images\": [[65536, 65536]]}"),
+    ] {
+        let file = d.join(name);
+        std::fs::write(&file, format!("{{\"text_tokens\": 9}}\n{line}\n")).unwrap();
+        let f = s(&file);
+        let says = format!("{name}, line 2: sample 1 has ");
+        refused(&[
+            (format!("data --samples {f} --dp 2 --pp 2"), says.as_str()),
+            (
+                format!("compare --model qwen3-vl --cluster h100x8 --samples {f}"),
+                says.as_str(),
+            ),
+        ]);
+    }
+}
+
+/// FlowTrain runs on plain 1F1B only: asking for it under `--vpp 2` is refused whatever the
+/// seed (before, seed 1 ran and seed 2 was refused), and without `--policy` a `--vpp` above 1
+/// runs the other policies.
+#[test]
+fn flowtrain_under_vpp_is_refused_whatever_the_seed() {
+    for seed in ["1", "2", "3"] {
+        refused(&[(
+            format!(
+                "data --generate interleaved --seed {seed} --dp 8 --pp 4 --vpp 2 --policy flowtrain"
+            ),
+            "FlowTrain runs on plain 1F1B only",
+        )]);
+    }
+    refused(&[(
+        "data --generate text --dp 2 --pp 2 --vpp 2 --policy random,flowtrain",
+        "--vpp 1",
+    )]);
+    let rows = rows(&[
+        "data",
+        "--generate",
+        "text",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--vpp",
+        "2",
+        "--json",
+    ]);
+    let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["random", "disttrain"]);
+    assert!(rows.iter().all(|r| r["vpp"] == 2));
+}
+
+/// Flags that would be ignored are refused: `--count` with `--samples` (the file sets the
+/// count), `--capacity` without flowtrain among the policies (the only one it sizes).
+#[test]
+fn conflicting_flags_are_refused() {
+    let d = dir("conflicts");
+    let file = d.join("f.jsonl");
+    std::fs::write(&file, "{\"text_tokens\": 5}\n{\"text_tokens\": 7}\n").unwrap();
+    let f = s(&file);
+    refused(&[
+        (
+            format!("data --samples {f} --count 5 --dp 1 --pp 1"),
+            "--count",
+        ),
+        (
+            format!("data --count 5 --samples {f} --dp 1 --pp 1"),
+            "--samples",
+        ),
+        (
+            "data --generate text --dp 2 --pp 2 --policy random,disttrain --capacity 4096"
+                .to_string(),
+            "--capacity",
+        ),
+        (
+            "data --generate text --dp 2 --pp 2 --vpp 2 --capacity 4096".to_string(),
+            "flowtrain",
+        ),
+    ]);
+    // With flowtrain, --capacity is its own.
+    let rows = rows(&[
+        "data",
+        "--generate",
+        "text",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--policy",
+        "flowtrain",
+        "--capacity",
+        "65536",
+        "--json",
+    ]);
+    assert_eq!(rows.len(), 1);
 }

@@ -393,3 +393,115 @@ fn simulate_colocations_needs_a_model_and_an_out_file() {
     assert_eq!(read_json(&a), read_json(&b));
     assert_ne!(read_json(&a), read_json(&c));
 }
+
+/// CLIP on h100x8, profiled into `dir/clip.json`, and 20 simulated colocations of it into
+/// `dir/c.json`, as the hostile-input audit made them.
+fn clip_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let (profile, c) = (dir.join("clip.json"), dir.join("c.json"));
+    for args in [
+        vec!["profile", "--model", "clip", "--cluster", "h100x8"],
+        vec![
+            "simulate",
+            "colocations",
+            "--model",
+            "clip",
+            "--cluster",
+            "h100x8",
+            "--count",
+            "20",
+        ],
+    ] {
+        let out = if args[0] == "profile" { &profile } else { &c };
+        let o = mosaic(&[&args[..], &["--out", s(out)]].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    (profile, c)
+}
+
+/// `fit` never writes a profile that `plan` refuses: a colocated time within a profile's
+/// limits that fits coefficients above a profile's is refused naming the samples that drove
+/// them, and a time past the limits is refused at its field instead of being dropped.
+#[test]
+fn fit_refuses_measurements_no_profile_could_hold() {
+    let d = dir("hostile-times");
+    let (profile, c) = clip_files(&d);
+    let out = d.join("f.json");
+    let fit = |file: &Path| {
+        mosaic(&[
+            "fit",
+            "--profiles",
+            s(&profile),
+            "--colocations",
+            s(file),
+            "--out",
+            s(&out),
+        ])
+    };
+    let o = fit(&c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mosaic(&["plan", "--profiles", s(&out), "--gpus", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(&out).unwrap();
+
+    let bad = d.join("bad.json");
+    for (sample, time, says) in [
+        // Within the 10⁷ ms of a profile's times, but a slowdown no coefficient ≤ 100 holds.
+        (1, 1e7, "field `samples[1].modules[0].time_ms`: the "),
+        (
+            0,
+            1e100,
+            "field `samples[0].modules[0].time_ms`: expected a positive time",
+        ),
+        // Used to be dropped silently: the squares overflowed and the fit returned zeros.
+        (
+            0,
+            1e308,
+            "field `samples[0].modules[0].time_ms`: expected a positive time",
+        ),
+    ] {
+        let mut file = read_json(&c);
+        file["samples"][sample]["modules"][0]["time_ms"] = time.into();
+        std::fs::write(&bad, file.to_string()).unwrap();
+        let o = fit(&bad);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{time}: {err}");
+        assert!(
+            err.contains(&format!("{}: {says}", s(&bad))),
+            "{time}: {err}"
+        );
+        assert!(!out.exists(), "{time}: wrote {}", s(&out));
+        if time == 1e7 {
+            assert!(
+                err.contains("at most 100") && err.contains("samples[1].modules[0] (\""),
+                "{err}"
+            );
+        }
+    }
+}
+
+/// `--cluster` belongs to `--model`; with `--profiles` the device is the file's, and a cluster
+/// of another device was silently ignored.
+#[test]
+fn fit_refuses_a_cluster_beside_a_profile_file() {
+    let d = dir("profiles-cluster");
+    let (profile, c) = clip_files(&d);
+    for (cluster, says) in [
+        (
+            "a100x8",
+            "the profiles are of H100-SXM5-80GB, --cluster a100x8 of A100-SXM4-80GB",
+        ),
+        ("h100x8", "--cluster: applies with --model only"),
+    ] {
+        let o = mosaic(&[
+            "fit",
+            "--profiles",
+            s(&profile),
+            "--cluster",
+            cluster,
+            "--colocations",
+            s(&c),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{cluster}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{cluster}: {}", stderr(&o));
+    }
+}

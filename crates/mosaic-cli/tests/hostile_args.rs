@@ -341,8 +341,19 @@ fn plan_refuses_hostile_arguments() {
     let zoo = "plan --model clip --cluster h100x8 --time-budget 100";
     c.accept(zoo);
     c.numbers(zoo, "--gpus", &[]);
-    // MAX_GPUS itself is planned (at once: clip has three modules); one more is refused.
-    c.accept(&format!("{zoo} --gpus 65536"));
+    // MAX_GPUS itself is planned (at once: clip has three modules); one more is refused. A
+    // pool larger than the named cluster is refused: the plan would not run there.
+    c.accept("plan --model clip --cluster h100x65536 --gpus 65536 --time-budget 100");
+    c.refuse(&format!("{zoo} --gpus 16"), "--gpus");
+    // A profile file planned for a named cluster of another device.
+    let ofasys = s(&example()).to_string();
+    c.accept(&format!(
+        "plan --profiles {ofasys} --cluster h100x8 --time-budget 100"
+    ));
+    c.refuse(
+        &format!("plan --profiles {ofasys} --cluster a100x8"),
+        "--cluster a100x8",
+    );
     // A device with an SM partition rule ignores --granularity, but not a nonsensical one.
     c.numbers(zoo, "--granularity", &[]);
     c.numbers(

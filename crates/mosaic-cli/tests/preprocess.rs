@@ -110,3 +110,35 @@ fn preprocess_measure_reports_both_modes() {
         assert!(row["images_per_step"].as_f64().unwrap() >= 4.0);
     }
 }
+
+/// `measure preprocess` names its own flag, `--model`, for a model the image feed cannot make
+/// samples of (not `train`'s feed flags, which it does not have), and refuses the real-size
+/// CLIP at once, where it ran far beyond 20 s.
+#[test]
+fn measure_preprocess_refuses_models_naming_its_own_flag() {
+    for (line, says) in [
+        (
+            "measure preprocess --model omni-tiny",
+            "--model omni-tiny: the image feed makes",
+        ),
+        (
+            "measure preprocess --model clip",
+            "--model clip: measure preprocess runs",
+        ),
+        (
+            "measure preprocess --model llama",
+            "--model llama: unknown engine model",
+        ),
+    ] {
+        let t0 = std::time::Instant::now();
+        let o = mosaic_line(line);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{line}: {e}");
+        assert!(t0.elapsed().as_secs() < 20, "{line}: {e}");
+        assert!(
+            e.contains(says) && e.contains("expected clip-tiny"),
+            "{line}: {e}"
+        );
+        assert!(!e.contains("--images-per-sample"), "{line}: {e}");
+    }
+}

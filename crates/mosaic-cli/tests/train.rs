@@ -177,7 +177,7 @@ fn bad_plans_and_settings_exit_2_naming_the_file_and_field() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("unknown module \"align\""),
+        stderr(&o).contains("staged.json: field `model`: the plan is for clip-tiny"),
         "{}",
         stderr(&o)
     );
@@ -753,4 +753,142 @@ fn runaway_sizes_are_refused_naming_the_limit() {
             "--gpus",
         ),
     ]);
+}
+
+/// This machine's available memory (`MemAvailable`), in GiB; `None` off Linux.
+fn available_gib() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / (1024.0 * 1024.0))
+}
+
+/// Runs `line`, which must be refused (exit code 2) within 20 s, before any long work; returns
+/// its standard error.
+fn refused_quickly(line: &str) -> String {
+    let t0 = std::time::Instant::now();
+    let o = mosaic_line(line);
+    let secs = t0.elapsed().as_secs_f64();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{line}: {e}");
+    assert!(secs < 20.0, "{line}: refused only after {secs:.1} s: {e}");
+    e
+}
+
+/// A plan states the model it is for: a plan for another model is refused naming the file,
+/// the field and both models, by `train` and `measure slots`; one that names no model (as a
+/// plan from measured profiles) is read by its module names.
+#[test]
+fn a_plan_for_another_model_is_refused_naming_its_model_field() {
+    let d = dir("plan-model");
+    let template = d.join("t.json");
+    let o = mosaic(&[
+        "train",
+        "template",
+        "--model",
+        "clip-tiny",
+        "--out",
+        s(&template),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(&template).unwrap()).unwrap();
+    assert_eq!(plan["model"], "clip-tiny", "the template names its model");
+    plan["model"] = "omni-tiny".into();
+    let other = d.join("other.json");
+    std::fs::write(&other, plan.to_string()).unwrap();
+    for line in [
+        format!("train --model clip-tiny --plan {} --steps 1", s(&other)),
+        format!(
+            "measure slots --model clip-tiny --plan {} --steps 1",
+            s(&other)
+        ),
+    ] {
+        let e = refused_quickly(&line);
+        assert!(
+            e.contains(
+                "other.json: field `model`: the plan is for omni-tiny, but --model is \
+                        clip-tiny: expected clip-tiny or clip"
+            ),
+            "{line}: {e}"
+        );
+    }
+    // The real-size model's plans are not the tiny one's: refused before CLIP is built.
+    let e = refused_quickly(&format!(
+        "train --model clip --plan {} --steps 1",
+        s(&template)
+    ));
+    assert!(
+        e.contains("the plan is for clip-tiny, but --model is clip"),
+        "{e}"
+    );
+    // Without a model, the module names decide: these are clip-tiny's.
+    plan.as_object_mut().unwrap().remove("model");
+    let unnamed = d.join("unnamed.json");
+    std::fs::write(&unnamed, plan.to_string()).unwrap();
+    let ev = events(&mosaic(&[
+        "train",
+        "--model",
+        "clip-tiny",
+        "--plan",
+        s(&unnamed),
+        "--steps",
+        "1",
+        "--json-log",
+    ]));
+    assert_eq!(losses(&ev).len(), 1);
+}
+
+/// `data write` and `measure slots` run their model on this machine's CPU at one size: a
+/// zoo-built model at its real size is refused at once, naming `--model` and the models their
+/// `--help` lists, where it took minutes and aborted out of memory.
+#[test]
+fn real_size_models_are_refused_where_only_tiny_ones_run() {
+    let out = dir("real-size").join("x.safetensors");
+    for line in [
+        format!("data write --model clip --out {}", s(&out)),
+        format!(
+            "data write --model imagebind --out {} --steps 1 --batch 1",
+            s(&out)
+        ),
+        "measure slots --model clip --steps 1".to_string(),
+        "measure slots --model imagebind --steps 1".to_string(),
+    ] {
+        let e = refused_quickly(&line);
+        assert!(e.contains("--model "), "{line}: {e}");
+        assert!(e.contains("expected clip-tiny or omni-tiny"), "{line}: {e}");
+    }
+    assert!(!out.exists());
+}
+
+/// A batch within the 65,536-sample limit whose step cannot fit this machine's memory
+/// (clip-tiny's contrastive logits alone are 16 GiB a copy at 65,536) is refused before the
+/// batch is drawn, naming `--batch` and the estimate, where it aborted out of memory after 41 s.
+#[test]
+fn a_batch_beyond_the_hosts_memory_is_refused_before_step_1() {
+    match available_gib() {
+        Some(gib) if gib < 150.0 => {}
+        other => {
+            eprintln!("skipped: {other:?} GiB available, enough for the batch");
+            return;
+        }
+    }
+    for line in [
+        "train --model clip-tiny --steps 1 --batch 65536",
+        "measure slots --model clip-tiny --steps 1 --batch 65536",
+    ] {
+        let e = refused_quickly(line);
+        assert!(
+            e.contains("--batch: a step of 65536 samples of clip-tiny needs about"),
+            "{line}: {e}"
+        );
+        assert!(e.contains("GiB available (MemAvailable"), "{line}: {e}");
+        assert!(e.contains("in align"), "{line}: {e}");
+    }
 }

@@ -58,7 +58,7 @@ fn mixed_plan(d: &Path) -> PathBuf {
                            "time_ms": 0.0, "base_ms": 0.0, "mem_gib": 0.0})
     };
     let plan = serde_json::json!({
-        "format": "mosaic-plan/1", "iteration_ms": 0.0, "search": "by hand", "solve_ms": 0.0,
+        "format": "mosaic-plan/1", "iteration_ms": 0.0, "search": "hand", "solve_ms": 0.0,
         "gpus": 2, "device": "cpu", "granularity": 0.5,
         "stages": [
             {"time_ms": 0.0, "gpu_quota": [0.5, 1.0],

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use mosaic_fit::calibrate::{
-    accuracy, check_constants, host_refit, match_profile, CalibrationFile, FitQuality, FittedOn,
-    HostRefit, ModuleAccuracy, Target, CALIBRATION_FORMAT,
+    accuracy, check_constants, check_enough_points, host_refit, match_profile, CalibrationFile,
+    FitQuality, FittedOn, HostRefit, ModuleAccuracy, Target, CALIBRATION_FORMAT,
 };
 use mosaic_zoo::{Calibration, FreeConstant};
 use serde::Serialize;
@@ -69,6 +69,8 @@ pub fn run(args: Args) -> Result<()> {
         })?;
     let profile = mosaic_profile::load(&args.profiles)?;
     let points = match_profile(&profile, &args.profiles, &model, &device)?;
+    let free = FreeConstant::ALL;
+    check_enough_points(&points, &free, &args.profiles)?;
     let cluster = mosaic_zoo::cluster(&format!(
         "{}x{}",
         device.short_name,
@@ -81,8 +83,16 @@ pub fn run(args: Args) -> Result<()> {
         points,
     };
     let start = Calibration::default();
-    let free = FreeConstant::ALL;
     let fitted = target.fit(&start, &free, |_| true);
+    // The fit keeps each constant within its bounds, but constants that are together too slow
+    // would give profiles the planner refuses, and `--calibration` would refuse the file.
+    check_constants(&fitted).map_err(|(field, msg)| {
+        BadInput(format!(
+            "{}: the constants fitted to its samples are no calibration of a real GPU: field \
+             `{field}`: {msg}",
+            args.profiles.display()
+        ))
+    })?;
     let file = CalibrationFile {
         format: CALIBRATION_FORMAT.into(),
         constants: fitted,
@@ -105,6 +115,19 @@ pub fn run(args: Args) -> Result<()> {
         &free,
     );
     let host = host_refit(&target, &Calibration::default());
+    for r in rows
+        .iter()
+        .filter(|r| r.module != "all" && r.held_out_fitted_on < free.len())
+    {
+        eprintln!(
+            "warning: {}: held out, `{}` is predicted by a fit of {} constants to {} samples: \
+             its held-out errors predict nothing",
+            args.profiles.display(),
+            r.module,
+            free.len(),
+            r.held_out_fitted_on
+        );
+    }
     if let Some(out) = &args.out {
         let json = serde_json::to_string_pretty(&file)? + "\n";
         std::fs::write(out, json).with_context(|| format!("cannot write {}", out.display()))?;
@@ -235,19 +258,10 @@ pub fn load(path: Option<&Path>) -> Result<Calibration> {
 /// or a data file given by mistake before it fills memory.
 const MAX_CALIBRATION_BYTES: u64 = 1 << 20;
 
-/// The text of the file at `path`, refusing one of more than [`MAX_CALIBRATION_BYTES`].
+/// The text of the file at `path`: a regular file (a FIFO or a device is refused at once, not
+/// waited on) of at most [`MAX_CALIBRATION_BYTES`].
 fn read_bounded(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_CALIBRATION_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CALIBRATION_BYTES {
-        return Err(std::io::Error::other(format!(
-            "more than {MAX_CALIBRATION_BYTES} bytes: not a calibration file"
-        )));
-    }
-    Ok(text)
+    mosaic_kit::files::read_text(path, MAX_CALIBRATION_BYTES)
 }
 
 /// The profiles of `source`, those of a built-in model computed with `--calibration FILE`'s

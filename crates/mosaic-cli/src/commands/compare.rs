@@ -40,8 +40,9 @@ pub struct Args {
     #[arg(long, default_value_t = 2.0)]
     step_overhead_ms: f64,
     /// The global batch the profiles were taken at (bounds DistTrain's microbatches; default:
-    /// the built-in model's batch on the cluster, unknown for --profiles).
-    #[arg(long)]
+    /// the built-in model's batch on the cluster, unknown for --profiles). Not with --samples,
+    /// whose file is the batch.
+    #[arg(long, conflicts_with = "samples")]
     global_batch: Option<u32>,
     /// A batch of variable-size samples: every row then includes data heterogeneity
     /// (DistTrain and FlowTrain with their own batching policies, the others with shuffled

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use mosaic_engine::models::{Field, Kind};
+use mosaic_engine::models::{self, Field, Kind};
 use mosaic_engine::{sequential_plan, EngineError, Model, Schedule};
+use mosaic_plan::Plan;
 
 use crate::input::BadInput;
 
@@ -61,23 +62,101 @@ pub fn one_process(what: &str) -> Result<()> {
     }
 }
 
-/// The schedule of `model` by the plan at `plan` (a mosaic-plan/1 file), or by the default
-/// plan over `gpus` GPUs (every module its own stage, on every GPU at quota 1.0).
+/// A mosaic-plan/1 file read for the engine model `model` (as `--model` names it).
+pub struct PlanFile {
+    plan: Plan,
+    path: PathBuf,
+}
+
+/// Reads the plan at `path` and refuses one whose `model` names another model than `model`:
+/// it must name `model` itself or, for a tiny model, the zoo model whose modules it has
+/// (`clip` for clip-tiny: `mosaic plan --model clip` plans train it). A plan that names no
+/// model (one from `mosaic plan --profiles`, or written by hand) is read by its module names,
+/// which [`schedule`] checks against the model's.
+pub fn load_plan_for(path: &Path, model: &str) -> Result<PlanFile> {
+    let plan = mosaic_plan::load_plan(path)?;
+    if let Some(planned) = &plan.model {
+        if !plan_is_for(planned, model) {
+            let mut fits = vec![model.to_ascii_lowercase()];
+            fits.extend(zoo_twin(model));
+            return Err(BadInput(format!(
+                "{}: field `model`: the plan is for {planned}, but --model is {model}: expected \
+                 {} (`mosaic train template --model {model}` writes a plan for it)",
+                path.display(),
+                fits.join(" or ")
+            ))
+            .into());
+        }
+    }
+    Ok(PlanFile {
+        plan,
+        path: path.to_path_buf(),
+    })
+}
+
+/// `name` lower-cased without `-`, `_`, spaces or dots, as the zoo compares model names.
+fn normalise(name: &str) -> String {
+    (name.chars())
+        .filter(|c| !matches!(c, '-' | '_' | ' ' | '.'))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The zoo model a tiny engine model mirrors, module for module (`clip` for `clip-tiny`).
+fn zoo_twin(model: &str) -> Option<String> {
+    let lower = model.to_ascii_lowercase();
+    let base = lower.strip_suffix("-tiny")?;
+    mosaic_zoo::model(base).ok().map(|m| m.name)
+}
+
+/// Whether a plan whose `model` is `planned` is one for the engine model `model`.
+fn plan_is_for(planned: &str, model: &str) -> bool {
+    normalise(planned) == normalise(model)
+        || zoo_twin(model).is_some_and(|twin| normalise(planned) == normalise(&twin))
+}
+
+/// The schedule of `model` by `plan` (read by [`load_plan_for`]), or by the default plan over
+/// `gpus` GPUs (every module its own stage, on every GPU at quota 1.0).
 pub fn schedule(
     model: &Model,
-    plan: Option<&Path>,
+    plan: Option<&PlanFile>,
     gpus: usize,
     batch: usize,
     cores: usize,
 ) -> Result<Schedule> {
+    let default;
     let (plan, file) = match plan {
-        Some(path) => (mosaic_plan::load_plan(path)?, path.to_path_buf()),
-        None => (
-            sequential_plan(model, gpus),
-            PathBuf::from("(default plan)"),
-        ),
+        Some(p) => (&p.plan, p.path.clone()),
+        None => {
+            default = sequential_plan(model, gpus);
+            (&default, PathBuf::from("(default plan)"))
+        }
     };
-    Schedule::from_plan(&plan, &file, model, batch, cores).map_err(engine)
+    Schedule::from_plan(plan, &file, model, batch, cores).map_err(engine)
+}
+
+/// Refuses `--model NAME` for `command`, which trains on this machine's CPU at the tiny
+/// models' one size, unless NAME is one of `accepted` (the tiny models its `--help` lists).
+pub fn tiny_model(command: &str, model: &str, accepted: &[&str]) -> Result<()> {
+    if accepted.iter().any(|a| a.eq_ignore_ascii_case(model)) {
+        return Ok(());
+    }
+    let why = if models::MODELS
+        .iter()
+        .any(|m| m.0.eq_ignore_ascii_case(model))
+    {
+        format!(
+            "{command} runs the model at one size on this machine's CPU, and {model} is a \
+             zoo-built model at its real size"
+        )
+    } else {
+        format!("unknown engine model \"{model}\" (for {command})")
+    };
+    Err(BadInput(format!(
+        "--model {model}: {why}; expected {}",
+        accepted.join(" or ")
+    ))
+    .into())
 }
 
 /// `image [16, 16] f32, text [6] ids < 64`.

@@ -106,6 +106,7 @@ pub fn run(args: Args) -> Result<()> {
             check_output(flag, p)?;
         }
     }
+    check_profiles_flags(&args)?;
     let zoo = match (&args.model, &args.cluster) {
         (Some(m), Some(c)) => Some((mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?)),
         _ => None,
@@ -126,6 +127,13 @@ pub fn run(args: Args) -> Result<()> {
     let perf = PerfModel::new(&profile, mosaic_fit::LOOKUP_GRANULARITY, &name)?;
     let obs = mosaic_fit::observations(&perf, &colocations, &args.colocations)?;
     let report = mosaic_fit::evaluate(&obs, args.holdout_every);
+    // Coefficients a profile cannot hold would make every profile written or planned here one
+    // the planner refuses; a report alone may show them (tiny CPU-measured bandwidth
+    // utilisations fit large coefficients).
+    let plans = zoo.is_some() && !args.no_end_to_end;
+    if args.out.is_some() || plans {
+        mosaic_fit::check_fitted(&report, &obs, &args.colocations)?;
+    }
     let surface = surface_checks(&profile, zoo.as_ref());
     let end_to_end = match &zoo {
         Some((model, cluster)) if !args.no_end_to_end => {
@@ -155,6 +163,39 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(p) = &args.svg {
             println!("wrote the scatter plot to {}", p.display());
         }
+    }
+    Ok(())
+}
+
+/// Refuses the flags that belong to `--model` alongside `--profiles`: the cluster and the GPUs
+/// of the end-to-end plans, which a profile file does not run (its device is its own).
+fn check_profiles_flags(args: &Args) -> Result<()> {
+    let Some(path) = &args.profiles else {
+        return Ok(());
+    };
+    if let Some(name) = &args.cluster {
+        // Name both devices where they differ: the likely mistake.
+        let devices = match (mosaic_profile::load(path), mosaic_zoo::cluster(name)) {
+            (Ok(p), Ok(c)) if p.device.name != c.device.name => format!(
+                " (the profiles are of {}, --cluster {name} of {})",
+                p.device.name, c.device.name
+            ),
+            _ => String::new(),
+        };
+        return Err(BadInput(format!(
+            "--cluster: applies with --model only (the cluster its end-to-end plans run on); with \
+             --profiles {} the device is the file's{devices}: drop --cluster",
+            path.display()
+        ))
+        .into());
+    }
+    if args.gpus.is_some() {
+        return Err(BadInput(format!(
+            "--gpus: applies with --model only (the GPUs of its end-to-end plans); with \
+             --profiles {} there are no end-to-end plans: drop --gpus",
+            path.display()
+        ))
+        .into());
     }
     Ok(())
 }

@@ -54,15 +54,20 @@ pub fn run(args: Args) -> Result<()> {
         budget: Duration::from_millis(args.time_budget),
     };
     let mut plan = solve(&input.model, input.gpus, &opts).map_err(|e| {
+        // A module that fits no GPU is the profile's fault; a pool size is the flag's alone.
         let field = match &e {
             mosaic_plan::PlanError::Unplaceable { module, .. } => input
                 .model
                 .index_of(module)
-                .map(|i| format!(": field `modules[{i}].samples`"))
-                .unwrap_or_default(),
-            _ => String::new(),
+                .map(|i| format!(": field `modules[{i}].samples`")),
+            _ => None,
         };
-        anyhow::Error::from(e).context(format!("{}{field}: no plan", input.name))
+        match field {
+            Some(field) => {
+                anyhow::Error::from(e).context(format!("{}{field}: no plan", input.name))
+            }
+            None => anyhow::Error::from(e),
+        }
     })?;
     plan.model = input.zoo_model.clone();
     plan.cluster = input.cluster.clone();

@@ -115,8 +115,17 @@ fn simulate(args: &PlanArgs) -> Result<()> {
                  `mosaic zoo`)"
             ))
         })?;
-    let model = mosaic_zoo::model(model_name)?;
-    let cluster = mosaic_zoo::cluster(cluster_name)?;
+    // A name from the plan is the plan's field; one from the command line, the flag's.
+    let named = |flag: &str, field: &str, given: &Option<String>, e: mosaic_zoo::ZooError| {
+        BadInput(match given {
+            Some(_) => format!("{flag}: {e}"),
+            None => format!("{file}: field `{field}`: {e}"),
+        })
+    };
+    let model =
+        mosaic_zoo::model(model_name).map_err(|e| named("--model", "model", &args.model, e))?;
+    let cluster = mosaic_zoo::cluster(cluster_name)
+        .map_err(|e| named("--cluster", "cluster", &args.cluster, e))?;
     for (what, planned, used) in [
         ("model", &plan.model, &model.name),
         ("cluster", &plan.cluster, &cluster.name),

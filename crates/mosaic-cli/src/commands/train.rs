@@ -13,6 +13,7 @@ use mosaic_engine::models::model::Input;
 use mosaic_engine::models::{self, Recipe, TensorFile};
 use mosaic_engine::runtime::checkpoint;
 use mosaic_engine::runtime::feed::{self, FeedConfig, FeedOptions};
+use mosaic_engine::runtime::memory::check_host_memory;
 use mosaic_engine::runtime::slot::cuda::Carving;
 use mosaic_engine::{
     sequential_plan, AdamWConfig, Collective, Compute, Device, InProcess, Model, Schedule,
@@ -20,7 +21,7 @@ use mosaic_engine::{
 };
 use serde_json::json;
 
-use super::engine::{engine, one_process, schedule, set_engine_env, size_factor};
+use super::engine::{engine, load_plan_for, one_process, schedule, set_engine_env, size_factor};
 use crate::input::{check_output, create_output_dir, BadInput};
 
 /// Arguments of `mosaic train`: a training run, or a verb.
@@ -88,7 +89,8 @@ struct RunArgs {
     /// Train until this many steps are done (a resumed run continues up to it).
     #[arg(long, default_value_t = 50)]
     steps: u64,
-    /// Samples per step, split among a module's replicas.
+    /// Samples per step, split among a module's replicas (1–65,536; on the CPU a step must
+    /// also fit this machine's available memory, estimated before step 1).
     #[arg(long, default_value_t = 16)]
     batch: usize,
     /// AdamW learning rate of every module [default: 3e-3, scaled by 32 / width for a
@@ -218,11 +220,19 @@ fn train(args: &RunArgs) -> Result<()> {
         quiet: rank != 0,
     };
     let cores = available_cores();
+    // The plan is read, and checked to be for this model, before the model is built.
+    let plan = (args.plan.as_deref())
+        .map(|p| load_plan_for(p, &args.model))
+        .transpose()?;
     let mut model = load_model(args)?;
     let lr = args
         .lr
         .unwrap_or_else(|| AdamWConfig::lr_for(&recipe(args)));
-    let schedule = schedule(&model, args.plan.as_deref(), world, args.batch, cores)?;
+    let schedule = schedule(&model, plan.as_ref(), world, args.batch, cores)?;
+    if args.device == DeviceArg::Cpu {
+        // Before the batch is drawn (a GPU run has its trial step instead).
+        check_host_memory(&model, &schedule, args.batch, rank, world).map_err(engine)?;
+    }
     let producers = attach_feed(args, &mut model, &schedule)?;
     let config = TrainConfig {
         batch: args.batch,

@@ -63,14 +63,22 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
+/// The most solves per model (`--repeats`): as `bench data --repeats`, far past where a
+/// median settles, and short of a run that never ends.
+const MAX_REPEATS: u64 = 10_000;
+/// The most random models per cell (`--seeds`).
+const MAX_SEEDS: u64 = 10_000;
+
 /// Arguments of the planner's grid.
 #[derive(clap::Args, Debug)]
 struct PlanArgs {
-    /// Solves per model; the median time is reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Solves per model; the median time is reported (at most 10,000).
+    #[arg(long, default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_REPEATS))]
     repeats: u64,
-    /// Random models per cell.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Random models per cell (at most 10,000).
+    #[arg(long, default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SEEDS))]
     seeds: u64,
     /// Module counts of the grid.
     #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32],

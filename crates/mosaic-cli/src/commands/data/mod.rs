@@ -72,8 +72,11 @@ impl PolicyName {
 /// dp × pp × microbatches operations, and 2¹² of each is beyond any published run.
 const MAX_DEGREE: u64 = 4096;
 
-/// Arguments of the simulation.
+/// Arguments of the simulation. `--count` sizes a `--generate`d batch only: with `--samples`
+/// it is refused here (clap's `requires = "generate"` on it lets it through, since
+/// `--generate`, conflicting with `--samples`, then counts as not needed).
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("file_or_count").args(["samples", "count"]).multiple(false)))]
 struct SimulateArgs {
     #[command(flatten)]
     batch: Samples,
@@ -89,9 +92,10 @@ struct SimulateArgs {
     /// Microbatches per rank (default: 2 × pp; FlowTrain packs towards this count).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_DEGREE))]
     microbatches: Option<u64>,
-    /// Policies to simulate, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values = ["random", "disttrain", "flowtrain"])]
-    policy: Vec<PolicyName>,
+    /// Policies to simulate, comma-separated (default: random,disttrain,flowtrain; with --vpp
+    /// above 1, random,disttrain: FlowTrain runs on plain 1F1B only).
+    #[arg(long, value_delimiter = ',')]
+    policy: Option<Vec<PolicyName>>,
     /// The built-in model whose backbone (its LLM) sets the cost of a sequence.
     #[arg(long, default_value = "qwen3-vl")]
     model: String,
@@ -99,7 +103,7 @@ struct SimulateArgs {
     #[arg(long, default_value = "h100")]
     device: String,
     /// FlowTrain's microbatch capacity in tokens (default: the smallest that packs the batch
-    /// into dp × microbatches).
+    /// into dp × microbatches); only with flowtrain among the policies.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=mosaic_data::packing::MAX_CAPACITY as i64))]
     capacity: Option<u32>,
     /// One JSON object per policy, one per line.
@@ -174,8 +178,49 @@ fn costs(model: &str, device: &str) -> Result<(TokenCost, String)> {
     sequence_cost(&spec, dev)
 }
 
+/// The policies to simulate: `--policy`, or by default random, DistTrain and (on plain 1F1B
+/// only) FlowTrain. Refuses FlowTrain under `--vpp` above 1 and `--capacity` without
+/// FlowTrain: flags that would otherwise be ignored, or give an answer that depends on the
+/// seed (whether packing happens to give every rank a multiple of pp microbatches).
+fn policies(args: &SimulateArgs) -> Result<Vec<PolicyName>, BadInput> {
+    let vpp = args.vpp;
+    let policies = match &args.policy {
+        Some(p) => p.clone(),
+        None if vpp > 1 => vec![PolicyName::Random, PolicyName::Disttrain],
+        None => vec![
+            PolicyName::Random,
+            PolicyName::Disttrain,
+            PolicyName::Flowtrain,
+        ],
+    };
+    let flowtrain = policies.contains(&PolicyName::Flowtrain);
+    if flowtrain && vpp > 1 {
+        return Err(BadInput(format!(
+            "--policy flowtrain with --vpp {vpp}: FlowTrain runs on plain 1F1B only (its \
+             packing gives the ranks uneven microbatch counts, and interleaved 1F1B needs every \
+             rank's count to be a multiple of --pp); expected --vpp 1 for flowtrain, or a \
+             --policy without it (random, disttrain, disttrain-intra)"
+        )));
+    }
+    if let (Some(c), false) = (args.capacity, flowtrain) {
+        let why = match &args.policy {
+            Some(p) => format!(
+                "--policy {} does not include flowtrain",
+                p.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+            ),
+            None => format!("FlowTrain runs on plain 1F1B only, so --vpp {vpp} leaves it out"),
+        };
+        return Err(BadInput(format!(
+            "--capacity {c}: sets FlowTrain's microbatch capacity, but {why}; expected \
+             --capacity only with flowtrain"
+        )));
+    }
+    Ok(policies)
+}
+
 /// `mosaic data` without a verb: the policies side by side on one batch.
 fn simulate(args: &SimulateArgs) -> Result<()> {
+    let policies = policies(args)?;
     let (sizes, source) = args.batch.load(1024)?.ok_or_else(|| {
         BadInput("give a batch: --samples FILE (JSON Lines) or --generate text|interleaved".into())
     })?;
@@ -200,7 +245,7 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
     };
     let tokens: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
     let mut rows = Vec::new();
-    for &name in &args.policy {
+    for &name in &policies {
         let params = Params {
             alpha: cost.alpha_ms,
             beta: cost.beta_ms,

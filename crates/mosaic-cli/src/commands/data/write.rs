@@ -7,7 +7,7 @@ use mosaic_engine::models;
 use mosaic_engine::models::data;
 use mosaic_engine::Device;
 
-use super::super::engine::{describe_fields, engine, one_process};
+use super::super::engine::{describe_fields, engine, one_process, tiny_model};
 use crate::input::check_output;
 
 /// Arguments of `mosaic data write`.
@@ -19,8 +19,9 @@ pub(super) struct WriteArgs {
     /// The safetensors file to write: one tensor per data input, samples along dimension 0.
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Steps of data to write (--steps × --batch samples; `mosaic train --steps` and
-    /// `--batch` with the same values reproduce the synthetic run bit for bit).
+    /// Steps of data to write (--steps × --batch samples, at most 2^20 and 2 GiB: the file is
+    /// built in memory first; `mosaic train --steps` and `--batch` with the same values
+    /// reproduce the synthetic run bit for bit).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Samples per step.
@@ -35,6 +36,8 @@ pub(super) struct WriteArgs {
 pub fn run(args: &WriteArgs) -> Result<()> {
     one_process("mosaic data write")?;
     check_output("--out", &args.out)?;
+    // A zoo-built model at its real size is gigabytes to build and megabytes a sample.
+    tiny_model("mosaic data write", &args.model, &models::tiny_models())?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
     data::write_batches(&*model.data, args.steps, args.batch, &args.out).map_err(engine)?;
     eprintln!(

@@ -3,14 +3,17 @@
 //! counts.
 
 use anyhow::{Context, Result};
+use mosaic_engine::measure::available_cores;
 use mosaic_engine::measure::{measure_preprocess, PreprocessConfig, PreprocessRow};
 use mosaic_engine::runtime::feed::{
-    Launcher, MAX_IMAGES_PER_SAMPLE, MAX_PRODUCERS, MAX_RESOLUTION, MIN_RESOLUTION,
+    FeedConfig, Launcher, MAX_IMAGES_PER_SAMPLE, MAX_PRODUCERS, MAX_RESOLUTION, MIN_RESOLUTION,
 };
-use mosaic_engine::{models, Device};
+use mosaic_engine::runtime::memory::check_host_memory;
+use mosaic_engine::{models, Device, EngineError, Schedule};
 use serde_json::json;
 
-use crate::commands::engine::engine;
+use crate::commands::engine::{engine, tiny_model};
+use crate::input::BadInput;
 
 /// Arguments of `mosaic measure preprocess`.
 #[derive(clap::Args, Debug)]
@@ -50,7 +53,7 @@ const WARMUP: u64 = 2;
 /// Runs every (resolution, images) in process and with the producers, and prints the medians.
 pub fn run(args: &Args) -> Result<()> {
     models::data::check_batch(args.batch).map_err(engine)?;
-    models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    check_model(args)?;
     let config = PreprocessConfig {
         model: args.model.clone(),
         resolutions: args.resolutions.clone(),
@@ -69,7 +72,7 @@ pub fn run(args: &Args) -> Result<()> {
             args.model,
             args.batch,
             args.steps,
-            mosaic_engine::measure::available_cores(),
+            available_cores(),
             args.producers
         );
     }
@@ -82,6 +85,42 @@ pub fn run(args: &Args) -> Result<()> {
         print_table(&rows);
     }
     Ok(())
+}
+
+/// Refuses, naming `--model`, a model the image feed cannot make samples of (it reads more
+/// than one image and one text) or one too large to train on this machine's CPU, and a
+/// `--batch` whose step does not fit its memory: before any image is made.
+fn check_model(args: &Args) -> Result<()> {
+    // Why the feed cannot make a tiny model's samples, if it cannot.
+    let refusal = |name: &str| -> Result<Option<String>> {
+        let model = models::build(name, 0, &Device::Cpu).map_err(engine)?;
+        Ok(
+            match FeedConfig::for_fields(&model.data.fields(), 0, 1, MIN_RESOLUTION, 1) {
+                Ok(_) => None,
+                Err(EngineError::BadSetting { message, .. }) => Some(message),
+                Err(e) => Some(e.to_string()),
+            },
+        )
+    };
+    let tiny = (models::tiny_models().into_iter())
+        .map(|name| Ok((name, refusal(name)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let feedable: Vec<&str> = (tiny.iter())
+        .filter(|(_, why)| why.is_none())
+        .map(|(name, _)| *name)
+        .collect();
+    if let Some((_, Some(why))) = (tiny.iter()).find(|(n, _)| n.eq_ignore_ascii_case(&args.model)) {
+        return Err(BadInput(format!(
+            "--model {}: {why}; expected {}",
+            args.model,
+            feedable.join(" or ")
+        ))
+        .into());
+    }
+    tiny_model("measure preprocess", &args.model, &feedable)?;
+    let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
+    let schedule = Schedule::sequential(&model, available_cores());
+    check_host_memory(&model, &schedule, args.batch, 0, 1).map_err(engine)
 }
 
 /// The medians as a table.

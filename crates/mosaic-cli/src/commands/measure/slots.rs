@@ -7,16 +7,18 @@ use anyhow::Result;
 use mosaic_engine::measure::{
     available_cores, bench_gpu_slots, bench_slots, matmul_in_slots, MatmulInSlot, SlotBench,
 };
+use mosaic_engine::runtime::memory::check_host_memory;
 use mosaic_engine::runtime::slot::cuda::driver_unavailable;
 use mosaic_engine::{models, Device, TrainConfig};
 use serde_json::json;
 
-use crate::commands::engine::{engine, schedule};
+use crate::commands::engine::{engine, load_plan_for, schedule, tiny_model};
 
 /// Arguments of `mosaic measure slots`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A built-in engine model: clip-tiny or omni-tiny.
+    /// A built-in engine model: clip-tiny or omni-tiny (both modes train it on the CPU; a
+    /// plan for the zoo's CLIP runs on clip-tiny, whose modules have its names).
     #[arg(long)]
     model: String,
     /// A mosaic-plan/1 file whose stages and quotas set the slots (default: every module its
@@ -27,7 +29,8 @@ pub struct Args {
     /// 100,000).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     steps: u64,
-    /// Samples per step, split among a module's replicas.
+    /// Samples per step, split among a module's replicas (1–65,536, and a step must fit this
+    /// machine's available memory, estimated before the first).
     #[arg(long, default_value_t = 16)]
     batch: usize,
     /// Seed of the parameters and of the synthetic data.
@@ -40,14 +43,15 @@ pub struct Args {
 
 /// Trains `--steps` steps with pooled slots and as many with slots created on demand.
 pub fn run(args: &Args) -> Result<()> {
+    // Both modes train on the CPU, and the green-context slots take only the plan's quotas: a
+    // real-size model would add hours, not figures (a zoo plan for CLIP runs on clip-tiny).
+    tiny_model("measure slots", &args.model, &models::tiny_models())?;
+    let plan = (args.plan.as_deref())
+        .map(|p| load_plan_for(p, &args.model))
+        .transpose()?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
-    let schedule = schedule(
-        &model,
-        args.plan.as_deref(),
-        1,
-        args.batch,
-        available_cores(),
-    )?;
+    let schedule = schedule(&model, plan.as_ref(), 1, args.batch, available_cores())?;
+    check_host_memory(&model, &schedule, args.batch, 0, 1).map_err(engine)?;
     let config = TrainConfig {
         batch: args.batch,
         ..TrainConfig::default()
