@@ -174,6 +174,47 @@ pub fn check_output(flag: &str, path: &Path) -> Result<(), BadInput> {
     }
 }
 
+/// [`check_output`] for each output file given (flag, path), and refuses one that is an input
+/// file of the same command or another output: writing it would destroy the input (`mosaic
+/// plan --profiles p.json --out p.json`) or the other output.
+pub fn check_outputs(
+    outputs: &[(&str, Option<&Path>)],
+    inputs: &[(&str, Option<&Path>)],
+) -> Result<(), BadInput> {
+    let mut taken: Vec<(&str, PathBuf)> = (inputs.iter())
+        .filter_map(|&(flag, p)| Some((flag, resolved(p?)?)))
+        .collect();
+    for &(flag, path) in outputs {
+        let Some(path) = path else { continue };
+        check_output(flag, path)?;
+        let Some(at) = resolved(path) else { continue };
+        if let Some((other, _)) = taken.iter().find(|(_, p)| *p == at) {
+            return Err(BadInput(format!(
+                "{flag} {}: is also {other}'s file; writing it would destroy that, expected \
+                 another path",
+                path.display()
+            )));
+        }
+        taken.push((flag, at));
+    }
+    Ok(())
+}
+
+/// The absolute path `path` names, links resolved, for a file that may not exist yet (its
+/// directory must); `None` where that cannot be told.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Some(p);
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    Some(
+        dir.unwrap_or(Path::new("."))
+            .canonicalize()
+            .ok()?
+            .join(path.file_name()?),
+    )
+}
+
 /// Creates the output directory `path` (and its parents) before any work, refusing a path that
 /// is a file or cannot be created.
 pub fn create_output_dir(flag: &str, path: &Path) -> Result<(), BadInput> {

@@ -323,6 +323,99 @@ fn an_output_under_a_regular_file_says_it_is_not_a_directory() {
 }
 
 #[test]
+fn an_output_that_is_an_input_or_another_output_is_refused_untouched() {
+    let d = dir("clobber");
+    let plan = write_json(&d, "plan.json", &clip_plan());
+    let profiles = d.join("profiles.json");
+    let o = mosaic(&[
+        "profile",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--out",
+        s(&profiles),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let coloc = d.join("coloc.json");
+    let o = mosaic(&[
+        "simulate",
+        "colocations",
+        "--model",
+        "clip",
+        "--cluster",
+        "h100x8",
+        "--count",
+        "5",
+        "--out",
+        s(&coloc),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before: Vec<String> = [&plan, &profiles, &coloc]
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    // The same file by another spelling too.
+    let profiles_again = d.join(".").join("profiles.json");
+    let fitted = d.join("f.json");
+    let cases: Vec<(Vec<&str>, [&str; 2])> = vec![
+        (
+            vec![
+                "plan",
+                "--profiles",
+                s(&profiles),
+                "--gpus",
+                "8",
+                "--out",
+                s(&profiles_again),
+            ],
+            ["--out", "--profiles"],
+        ),
+        (
+            vec![
+                "fit",
+                "--profiles",
+                s(&profiles),
+                "--colocations",
+                s(&coloc),
+                "--out",
+                s(&coloc),
+            ],
+            ["--out", "--colocations"],
+        ),
+        (
+            vec![
+                "fit",
+                "--profiles",
+                s(&profiles),
+                "--colocations",
+                s(&coloc),
+                "--out",
+                s(&fitted),
+                "--svg",
+                s(&fitted),
+            ],
+            ["--svg", "--out"],
+        ),
+        (
+            vec!["simulate", "--plan", s(&plan), "--trace", s(&plan)],
+            ["--trace", "--plan"],
+        ),
+    ];
+    for (args, says) in cases {
+        refused(&args, &says);
+    }
+    for (p, text) in [&plan, &profiles, &coloc].iter().zip(&before) {
+        assert_eq!(
+            &std::fs::read_to_string(p).unwrap(),
+            text,
+            "{} changed",
+            p.display()
+        );
+    }
+}
+
+#[test]
 fn a_flag_error_does_not_blame_the_profiles_file() {
     let d = dir("gpus");
     let profiles = d.join("clip.json");

@@ -12,7 +12,7 @@ use mosaic_fit::calibrate::{
 use mosaic_zoo::{Calibration, FreeConstant};
 use serde::Serialize;
 
-use crate::input::{check_output, BadInput, Loaded, Source};
+use crate::input::{check_outputs, BadInput, Loaded, Source};
 
 /// Arguments of `mosaic calibrate`.
 #[derive(clap::Args, Debug)]
@@ -49,9 +49,10 @@ struct Report<'a> {
 
 /// Runs `mosaic calibrate`.
 pub fn run(args: Args) -> Result<()> {
-    if let Some(out) = &args.out {
-        check_output("--out", out)?;
-    }
+    check_outputs(
+        &[("--out", args.out.as_deref())],
+        &[("--profiles", Some(&args.profiles))],
+    )?;
     let model = mosaic_zoo::model(&args.model)?;
     let device = mosaic_zoo::devices()
         .into_iter()

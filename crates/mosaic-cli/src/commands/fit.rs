@@ -11,7 +11,7 @@ use mosaic_plan::{solve, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
 use serde::Serialize;
 
-use crate::input::{check_output, BadInput};
+use crate::input::{check_outputs, BadInput};
 
 /// Quota step of the end-to-end plans (the planner's default).
 const PLAN_GRANULARITY: f64 = 0.1;
@@ -101,11 +101,16 @@ type Zoo = (mosaic_zoo::ModelSpec, mosaic_zoo::ClusterSpec);
 
 /// Runs `mosaic fit`.
 pub fn run(args: Args) -> Result<()> {
-    for (flag, path) in [("--out", &args.out), ("--svg", &args.svg)] {
-        if let Some(p) = path {
-            check_output(flag, p)?;
-        }
-    }
+    check_outputs(
+        &[
+            ("--out", args.out.as_deref()),
+            ("--svg", args.svg.as_deref()),
+        ],
+        &[
+            ("--profiles", args.profiles.as_deref()),
+            ("--colocations", Some(&args.colocations)),
+        ],
+    )?;
     check_profiles_flags(&args)?;
     let zoo = match (&args.model, &args.cluster) {
         (Some(m), Some(c)) => Some((mosaic_zoo::model(m)?, mosaic_zoo::cluster(c)?)),

@@ -40,9 +40,10 @@ enum SearchArg {
 
 /// Runs `mosaic plan`.
 pub fn run(args: Args) -> Result<()> {
-    if let Some(out) = &args.out {
-        crate::input::check_output("--out", out)?;
-    }
+    crate::input::check_outputs(
+        &[("--out", args.out.as_deref())],
+        &[("--profiles", args.source.profiles.as_deref())],
+    )?;
     let input = args.source.load()?;
     let search = match args.search {
         SearchArg::Gahc => Search::Gahc,

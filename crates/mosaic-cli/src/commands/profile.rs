@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::input::check_output;
+use crate::input::check_outputs;
 
 /// Arguments of `mosaic profile`.
 #[derive(clap::Args, Debug)]
@@ -28,9 +28,10 @@ pub struct Args {
 
 /// Runs `mosaic profile`.
 pub fn run(args: Args) -> Result<()> {
-    if let Some(out) = &args.out {
-        check_output("--out", out)?;
-    }
+    check_outputs(
+        &[("--out", args.out.as_deref())],
+        &[("--calibration", args.calibration.as_deref())],
+    )?;
     let model = mosaic_zoo::model(&args.model)?;
     let cluster = mosaic_zoo::cluster(&args.cluster)?;
     let cal = super::calibrate::load(args.calibration.as_deref())?;

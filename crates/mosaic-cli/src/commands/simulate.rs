@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use mosaic_sim::SimReport;
 
-use crate::input::{check_output, BadInput};
+use crate::input::{check_output, check_outputs, BadInput};
 use mosaic_plan::render::gpu_ranges;
 
 /// Arguments of `mosaic simulate`: a plan to execute, or a verb.
@@ -88,11 +88,16 @@ pub fn run(args: Args) -> Result<()> {
 
 /// Executes the plan and reports it.
 fn simulate(args: &PlanArgs) -> Result<()> {
-    for (flag, path) in [("--trace", &args.trace), ("--svg", &args.svg)] {
-        if let Some(p) = path {
-            check_output(flag, p)?;
-        }
-    }
+    check_outputs(
+        &[
+            ("--trace", args.trace.as_deref()),
+            ("--svg", args.svg.as_deref()),
+        ],
+        &[
+            ("--plan", Some(&args.plan)),
+            ("--calibration", args.calibration.as_deref()),
+        ],
+    )?;
     let plan_path = &args.plan;
     let plan = mosaic_plan::load_plan(plan_path)?;
     let file = plan_path.display().to_string();
