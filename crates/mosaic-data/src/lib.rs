@@ -23,10 +23,11 @@
 //! - [`sizes`]: a seeded generator of skewed per-sample token counts, after the skew that
 //!   DistTrain §2.3 (Fig. 5) measures on LAION-400M.
 //!
-//! Not here yet (future work of issue 14): communication and gradient synchronisation in
-//! the simulator (stages and ranks exchange activations and gradients for free); memory
-//! limits beyond what the 1F1B orders imply; the CLI `mosaic data` command over these
-//! policies; and the engine side that feeds real batches.
+//! The CLI runs these policies as `mosaic data` and `mosaic compare --samples`; the engine
+//! packs its variable-length batches with [`pack`] and shards them across ranks with
+//! [`greedy_partition_sized`]. Not here: communication and
+//! gradient synchronisation in the simulator (stages and ranks exchange activations and
+//! gradients for free), and memory limits beyond what the 1F1B orders imply.
 
 pub mod packing;
 pub mod partition;

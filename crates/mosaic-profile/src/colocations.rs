@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProfileError;
+use crate::validate::MAX_SAMPLE_MS;
 
 /// The value of the `format` field of a colocations file.
 pub const COLOCATIONS_FORMAT: &str = "mosaic-colocations/1";
@@ -100,8 +101,12 @@ pub fn parse_colocations(
             if !(m.sm.is_finite() && m.sm > 0.0 && m.sm <= 1.0) {
                 return bad(f("sm"), "expected an SM quota in (0, 1]");
             }
-            if !(m.time_ms.is_finite() && m.time_ms > 0.0) {
-                return bad(f("time_ms"), "expected a positive, finite time");
+            // A colocated time is a profiled time slowed down: a profile's range.
+            if !(m.time_ms.is_finite() && m.time_ms > 0.0 && m.time_ms <= MAX_SAMPLE_MS) {
+                return bad(
+                    f("time_ms"),
+                    &format!("expected a positive time in ms, at most {MAX_SAMPLE_MS:e}"),
+                );
             }
         }
         let total: f64 = s.modules.iter().map(|m| m.sm).sum();
@@ -173,6 +178,8 @@ mod tests {
         assert_eq!(field_of(v), "samples[0].modules");
         let mut v = valid();
         v["samples"][0]["modules"][0]["time_ms"] = (-1.0).into();
+        assert_eq!(field_of(v.clone()), "samples[0].modules[0].time_ms");
+        v["samples"][0]["modules"][0]["time_ms"] = (MAX_SAMPLE_MS * 1.001).into();
         assert_eq!(field_of(v), "samples[0].modules[0].time_ms");
         let mut v = valid();
         v["samples"][0]["modules"][0]
