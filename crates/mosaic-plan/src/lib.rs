@@ -250,6 +250,8 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     // where they must span more than their profiles assume. The search never charged them, so
     // a charged plan is no longer proven optimal (the bound still holds).
     let searched = total_ms(&stages);
+    // A plan that meets the lower bound is optimal, whether or not the exact search ran.
+    let optimal = optimal || searched <= lower * (1.0 + 1e-9);
     let stages: Vec<Rc<StageAlloc>> = stages
         .iter()
         .map(|s| Rc::new(nodes::embed(s, model, gpus)))
