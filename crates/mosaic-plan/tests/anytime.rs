@@ -181,3 +181,37 @@ fn a_fine_sm_grid_keeps_the_deadline() {
     // machine); the budget itself is zero.
     assert!(took < Duration::from_secs(5), "{took:?} for a budget of 0");
 }
+
+/// A plan that meets the lower bound is proven optimal without the exact search: a chain of
+/// modules runs one per stage at its fastest, which is what the bound charges.
+#[test]
+fn a_plan_meeting_the_bound_is_optimal_without_the_exact_search() {
+    let module = |name: &str, after: &str, t: f64| {
+        format!(
+            r#"{{"name": "{name}", "after": [{after}], "samples": [
+                {{"dp": 1, "sm": 0.5, "time_ms": {}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}},
+                {{"dp": 1, "sm": 1.0, "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.4}}]}}"#,
+            2.0 * t
+        )
+    };
+    let text = format!(
+        r#"{{"format": "mosaic-profiles/1",
+            "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
+            "modules": [{}, {}, {}],
+            "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
+        module("a", "", 10.0),
+        module("b", r#""a""#, 20.0),
+        module("c", r#""b""#, 5.0)
+    );
+    let file = mosaic_profile::parse(&text, "chain.json").unwrap();
+    let model = PerfModel::new(&file, 0.1, "chain.json").unwrap();
+    let opts = SolveOptions {
+        search: Search::Gahc,
+        budget: Duration::from_secs(1),
+    };
+    let plan = solve(&model, 1, &opts).unwrap();
+    assert_eq!(plan.search, "gahc");
+    assert_eq!(plan.iteration_ms, 35.0);
+    assert!(plan.optimal, "{plan:?}");
+    assert_eq!(plan.lower_bound_ms, Some(35.0));
+}
