@@ -276,13 +276,9 @@ fn json_message(e: &serde_json::Error) -> String {
     }
 }
 
-/// Parses one non-blank line (`shared` is `file` for [`Sample::file`]).
-fn parse_line(
-    text: &str,
-    file: &str,
-    shared: &Arc<str>,
-    line: usize,
-) -> Result<Sample, SamplesError> {
+/// Parses one non-blank line of `shared`, the file.
+fn parse_line(text: &str, shared: &Arc<str>, line: usize) -> Result<Sample, SamplesError> {
+    let file: &str = shared;
     let entries = match serde_json::from_str::<Entries>(text) {
         Ok(e) => e.0,
         Err(e) if e.classify() == serde_json::error::Category::Data => {
@@ -424,7 +420,7 @@ pub fn parse_jsonl(text: &str, file: &str) -> Result<Vec<Sample>, SamplesError> 
                 line: i + 1,
             });
         }
-        samples.push(parse_line(line, file, &shared, i + 1)?);
+        samples.push(parse_line(line, &shared, i + 1)?);
     }
     if samples.is_empty() {
         return Err(SamplesError::Empty { file: file.into() });

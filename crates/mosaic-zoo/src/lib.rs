@@ -48,6 +48,6 @@ pub use device::{cluster, clusters, devices, ClusterSpec, DeviceSpec, GPUS_PER_N
 pub use error::{CalibrationError, ZooError};
 pub use fitted::FreeConstant;
 pub use kernels::PLAIN_LAYER_KERNELS;
-pub use models::{model, models};
+pub use models::{model, models, same_model};
 pub use spec::{Extra, ModelSpec, ModuleSpec, PaperRow, Role};
 pub use token_cost::TokenCost;

@@ -94,14 +94,6 @@ pub fn load_plan_for(path: &Path, model: &str) -> Result<PlanFile> {
     })
 }
 
-/// `name` lower-cased without `-`, `_`, spaces or dots, as the zoo compares model names.
-fn normalise(name: &str) -> String {
-    (name.chars())
-        .filter(|c| !matches!(c, '-' | '_' | ' ' | '.'))
-        .flat_map(char::to_lowercase)
-        .collect()
-}
-
 /// The zoo model a tiny engine model mirrors, module for module (`clip` for `clip-tiny`).
 fn zoo_twin(model: &str) -> Option<String> {
     let lower = model.to_ascii_lowercase();
@@ -111,8 +103,8 @@ fn zoo_twin(model: &str) -> Option<String> {
 
 /// Whether a plan whose `model` is `planned` is one for the engine model `model`.
 fn plan_is_for(planned: &str, model: &str) -> bool {
-    normalise(planned) == normalise(model)
-        || zoo_twin(model).is_some_and(|twin| normalise(planned) == normalise(&twin))
+    mosaic_zoo::same_model(planned, model)
+        || zoo_twin(model).is_some_and(|twin| mosaic_zoo::same_model(planned, &twin))
 }
 
 /// The schedule of `model` by `plan` (read by [`load_plan_for`]), or by the default plan over

@@ -24,8 +24,13 @@ pub fn models() -> Vec<ModelSpec> {
     ]
 }
 
-/// Lower case without `-`, `_`, spaces or dots, so that `Qwen3-VL`, `qwen3vl` and `UNIFIED_IO_2`
-/// all name a built-in model.
+/// Whether `a` and `b` name the same model: compared lower case without `-`, `_`, spaces or
+/// dots, so that `Qwen3-VL`, `qwen3vl` and `QWEN3_VL` are one.
+pub fn same_model(a: &str, b: &str) -> bool {
+    normalise(a) == normalise(b)
+}
+
+/// Lower case without `-`, `_`, spaces or dots ([`same_model`]).
 fn normalise(name: &str) -> String {
     name.chars()
         .filter(|c| !matches!(c, '-' | '_' | ' ' | '.'))
