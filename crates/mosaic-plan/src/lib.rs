@@ -135,7 +135,8 @@ impl<'m> Problem<'m> {
 
     /// A lower bound on the iteration time of every plan (`bound/`): the Lagrangian relaxation
     /// of the critical path at the modules' fastest times and their quota area × time over the
-    /// pool's SM capacity, per group of modules that can share stages, with each group's relaxed
+    /// pool's SM capacity (a module sharing a GPU at Eq. 8's least slowdown, one alone charged
+    /// its GPUs' whole quota), per group of modules that can share stages, with each group's relaxed
     /// stage sequence, tightened by the fact that no module of a plan runs longer than the plan.
     /// The tightening stops at `deadline` (if any) with a weaker bound, still valid.
     pub fn plan_lower_bound(&self, deadline: Option<Instant>) -> f64 {

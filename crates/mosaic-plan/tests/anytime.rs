@@ -215,3 +215,37 @@ fn a_plan_meeting_the_bound_is_optimal_without_the_exact_search() {
     assert!(plan.optimal, "{plan:?}");
     assert_eq!(plan.lower_bound_ms, Some(35.0));
 }
+
+/// The bound counts interference: two modules of half a GPU each, on one GPU, either share it
+/// (Δ = e1 = 10 %: one stage of 11 ms) or take a stage each alone (20 ms). Sharing is
+/// optimal, and the bound charges it exactly: a module alone takes the whole GPU's quota
+/// from the area, so neither may run at 10 ms on half of it for free.
+#[test]
+fn the_bound_charges_the_slowdown_of_sharing_a_gpu() {
+    let module = |name: &str| {
+        format!(
+            r#"{{"name": "{name}", "after": [], "samples": [
+                {{"dp": 1, "sm": 0.5, "time_ms": 10.0, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.5}}]}}"#
+        )
+    };
+    let text = format!(
+        r#"{{"format": "mosaic-profiles/1",
+            "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
+            "modules": [{}, {}],
+            "interference": {{"e1": 0.1, "e2": 0.0, "e3": 0.0}}}}"#,
+        module("a"),
+        module("b")
+    );
+    let file = mosaic_profile::parse(&text, "pair.json").unwrap();
+    let model = PerfModel::new(&file, 0.5, "pair.json").unwrap();
+    let problem = Problem::new(&model, 1).unwrap();
+    let bound = problem.plan_lower_bound(None);
+    assert!((bound - 11.0).abs() < 1e-9, "bound {bound}");
+    let opts = SolveOptions {
+        search: Search::Gahc,
+        budget: Duration::from_secs(1),
+    };
+    let plan = solve(&model, 1, &opts).unwrap();
+    assert!((plan.iteration_ms - 11.0).abs() < 1e-9, "{plan:?}");
+    assert!(plan.optimal, "{plan:?}");
+}

@@ -1,15 +1,16 @@
 //! Lower bounds on the iteration time of every plan, by Lagrangian relaxation and a relaxed
 //! stage sequence.
 //!
-//! Take any plan: stages of times T_s, each module m at some candidate with time t_m (its
-//! rectified time is no less) and quota area a_m (dp × quota units), on a pool of capacity K
-//! quota units. Two facts hold:
+//! Take any plan: stages of times T_s, each module m at some *run* (`options.rs`: a candidate
+//! shared with others at the least slowdown of Eq. 8, or alone on its GPUs) with time t_m (its
+//! rectified time is no less) and quota area a_m (dp × quota units, all of its GPUs' units
+//! when it runs alone), on a pool of capacity K quota units. Two facts hold:
 //! - **critical path**: the modules of a dependency chain P sit in distinct stages, so
 //!   Σ_s T_s ≥ Σ_{m∈P} t_m;
 //! - **area**: a stage holds at most K units for T_s ≥ t_m, so K·Σ_s T_s ≥ Σ_m a_m·t_m.
 //!
 //! For any λ ∈ [0, 1] the plan's time is at least λ times the first plus 1 − λ times the
-//! second over K. Relaxing the choice of candidates, each module independently, gives
+//! second over K. Relaxing the choice of runs, each module independently, gives
 //!
 //! L(λ) = (1 − λ)·Σ_m min(a·t)/K + max_P Σ_{m∈P} [min_c (λ·t_c + (1 − λ)·a_c·t_c/K) − (1 − λ)·min(a·t)/K],
 //!
@@ -32,25 +33,22 @@
 //! stage-sequence relaxation (`stages.rs`: every module at its fastest, no SM capacity), which
 //! sees that modules at different depths add stages where one critical path does not.
 //!
-//! For a whole plan it tightens further ([`plan_bound`]): no module of an optimal plan of time
-//! C* runs longer than C*, so C* ≥ B(C*) where B(C) is the bound above over only the
-//! candidates no slower than C. B falls as C grows, so the least C with C ≥ B(C), found by a
-//! binary search over the candidates' times, bounds C* from below. This charges the area
-//! term for the fast candidates a short plan forces, where the plain area bound takes every
-//! module at its most frugal (and often slowest) candidate. The cap is per module: the modules
-//! of a path through m sit in distinct stages, each at least its fastest time, so a plan of
-//! time C runs m no longer than C − head(m) − tail(m), the longest chains of fastest times
-//! before and after it. An encoder before a long backbone chain must then finish in what the
-//! chain leaves, at a fast (area-hungry) candidate, which a uniform cap of C never forces.
+//! For a whole plan it tightens further (`plan.rs`, [`plan_bound`]): no module of a plan of
+//! time C runs longer than C minus the fastest chains before and after it, so the least C with
+//! C ≥ B(C) bounds every plan.
 
+mod options;
+mod plan;
 mod stages;
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use mosaic_profile::{ModuleSet, PerfModel};
 
 use crate::Problem;
+pub(crate) use plan::plan_bound;
+
+use options::Run;
 use stages::Stages;
 
 /// The λ grid: 0, 1/16, …, 1.
@@ -80,28 +78,34 @@ pub(crate) struct LowerBound<'m> {
 impl<'m> LowerBound<'m> {
     /// The bound of `problem`.
     pub(crate) fn new(problem: &Problem<'m>) -> Self {
-        Self::capped(problem, f64::INFINITY, &vec![0.0; problem.cands.len()])
+        let comparable = comparable(problem.model);
+        let runs = options::options(problem, &comparable);
+        let window = vec![0.0; problem.cands.len()];
+        Self::capped(problem, &runs, comparable, f64::INFINITY, &window)
     }
 
-    /// The bound of `problem` over the plans of time at most `cap` ms: each module keeps the
-    /// candidates no slower than `cap` − its `window` slack; modules without one make every
-    /// bound infinite.
-    fn capped(problem: &Problem<'m>, cap: f64, window: &[f64]) -> Self {
+    /// The bound of `problem`, whose modules run as `runs` (`options.rs`) and never share a
+    /// stage with those `comparable` holds, over the plans of time at most `cap` ms: each
+    /// module keeps the runs no slower than `cap` − its `window` slack; modules without one
+    /// make every bound infinite.
+    fn capped(
+        problem: &Problem<'m>,
+        runs: &[Vec<Run>],
+        comparable: Vec<ModuleSet>,
+        cap: f64,
+        window: &[f64],
+    ) -> Self {
         let model = problem.model;
         let n = model.modules.len();
         let capacity = model.units_per_gpu as f64 * problem.gpus as f64;
-        // The same sum as `plan_bound`'s breakpoints, so that a breakpoint keeps its candidate.
         let within = |m: usize| {
             let window = window[m];
-            problem.cands[m]
-                .list
-                .iter()
-                .filter(move |c| c.time_ms + window <= cap)
+            runs[m].iter().filter(move |r| r.time_ms + window <= cap)
         };
         let area: Vec<f64> = (0..n)
             .map(|m| {
                 within(m)
-                    .map(|c| c.area as f64 * c.time_ms / capacity)
+                    .map(|r| r.area_time / capacity)
                     .fold(f64::INFINITY, f64::min)
             })
             .collect();
@@ -111,10 +115,7 @@ impl<'m> LowerBound<'m> {
                 (0..n)
                     .map(|m| {
                         let best = within(m)
-                            .map(|c| {
-                                lambda * c.time_ms
-                                    + (1.0 - lambda) * c.area as f64 * c.time_ms / capacity
-                            })
+                            .map(|r| lambda * r.time_ms + (1.0 - lambda) * r.area_time / capacity)
                             .fold(f64::INFINITY, f64::min);
                         if area[m].is_finite() {
                             (best - (1.0 - lambda) * area[m]).max(0.0)
@@ -130,14 +131,6 @@ impl<'m> LowerBound<'m> {
                 (0..n)
                     .filter(|&c| model.modules[c].parents.contains(m))
                     .collect()
-            })
-            .collect();
-        let comparable = (0..n)
-            .map(|m| {
-                let descendants = (0..n).filter(|&d| model.modules[d].ancestors.contains(m));
-                descendants.fold(model.modules[m].ancestors, |set, d| {
-                    set.union(ModuleSet::single(d))
-                })
             })
             .collect();
         let min_time: Vec<f64> = problem.cands.iter().map(|c| c.min_time()).collect();
@@ -238,62 +231,15 @@ impl<'m> LowerBound<'m> {
     }
 }
 
-/// Per module m, head(m) + tail(m): the longest chains of fastest times that end just before m
-/// and start just after it (module docs). A plan of time C runs m no longer than C minus this.
-fn windows(problem: &Problem) -> Vec<f64> {
-    let model = problem.model;
+/// Per module, its ancestors and descendants: the modules that never share a stage with it.
+fn comparable(model: &PerfModel) -> Vec<ModuleSet> {
     let n = model.modules.len();
-    let fastest: Vec<f64> = problem.cands.iter().map(|c| c.min_time()).collect();
-    let (mut head, mut tail) = (vec![0.0f64; n], vec![0.0f64; n]);
-    for &m in &model.topo_order {
-        head[m] = model.modules[m]
-            .parents
-            .iter()
-            .map(|p| head[p] + fastest[p])
-            .fold(0.0, f64::max);
-    }
-    for &m in model.topo_order.iter().rev() {
-        for p in model.modules[m].parents.iter() {
-            tail[p] = tail[p].max(fastest[m] + tail[m]);
-        }
-    }
-    (0..n).map(|m| head[m] + tail[m]).collect()
-}
-
-/// The fixed-point lower bound on every plan's iteration time (module docs): the least C with
-/// C ≥ B(C), B(C) the bound over the candidates a plan of time C can use. Stopped at
-/// `deadline`, the search returns the least C it has not yet ruled out.
-pub(crate) fn plan_bound(problem: &Problem, deadline: Option<Instant>) -> f64 {
-    let window = windows(problem);
-    // B changes only where C crosses some candidate's time plus its module's window.
-    let mut times: Vec<f64> = problem
-        .cands
-        .iter()
-        .zip(&window)
-        .flat_map(|(c, w)| c.list.iter().map(move |o| o.time_ms + w))
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times.dedup();
-    let b = |k: usize| LowerBound::capped(problem, times[k], &window).of(ModuleSet::EMPTY);
-    // Between consecutive times B is constant, so the interval [t_k, t_k+1) holds a C ≥ B(C)
-    // iff B(t_k) < t_k+1; that holds from some k on (B falls, t rises): find the first.
-    let next = |k: usize| times.get(k + 1).copied().unwrap_or(f64::INFINITY);
-    let (mut lo, mut hi) = (0, times.len().saturating_sub(1));
-    if times.is_empty() {
-        return 0.0;
-    }
-    let unbounded = LowerBound::new(problem).of(ModuleSet::EMPTY);
-    while lo < hi {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            // No C below times[lo] satisfies C ≥ B(C).
-            return times[lo].max(unbounded);
-        }
-        let mid = (lo + hi) / 2;
-        if b(mid) < next(mid) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    times[lo].max(b(lo)).max(unbounded)
+    (0..n)
+        .map(|m| {
+            let descendants = (0..n).filter(|&d| model.modules[d].ancestors.contains(m));
+            descendants.fold(model.modules[m].ancestors, |set, d| {
+                set.union(ModuleSet::single(d))
+            })
+        })
+        .collect()
 }
