@@ -306,3 +306,54 @@ fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
         "{err}"
     );
 }
+
+/// Ranks on one machine share its memory: a batch whose step fits one process alone (the
+/// largest that `train` names when it refuses 65,536 samples) is refused under `mpirun -np 2`,
+/// where each rank's contrastive head holds the whole batch's logits, naming the other rank.
+#[test]
+fn ranks_on_one_machine_are_checked_against_its_memory_together() {
+    let alone = mosaic(
+        None,
+        &[
+            "train",
+            "--model",
+            "clip-tiny",
+            "--steps",
+            "1",
+            "--batch",
+            "65536",
+        ],
+    );
+    let e = String::from_utf8_lossy(&alone.stderr);
+    let Some(n) = e
+        .split("above about ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        eprintln!("skipped: 65536 samples fit this machine, or its memory is unknown: {e}");
+        return;
+    };
+    let batch = n.to_string();
+    let both = mosaic(
+        Some(2),
+        &[
+            "train",
+            "--model",
+            "clip-tiny",
+            "--steps",
+            "1",
+            "--batch",
+            &batch,
+        ],
+    );
+    assert!(!both.status.success());
+    let e = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        e.contains(&format!(
+            "--batch: a step of {n} samples of clip-tiny needs about"
+        )),
+        "{e}"
+    );
+    assert!(e.contains("the other rank on this machine needs"), "{e}");
+}

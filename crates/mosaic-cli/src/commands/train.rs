@@ -231,7 +231,7 @@ fn train(args: &RunArgs) -> Result<()> {
     let schedule = schedule(&model, plan.as_ref(), world, args.batch, cores)?;
     if args.device == DeviceArg::Cpu {
         // Before the batch is drawn (a GPU run has its trial step instead).
-        check_host_memory(&model, &schedule, args.batch, rank, world).map_err(engine)?;
+        check_host_memory(&model, &schedule, args.batch, &*collective).map_err(engine)?;
     }
     let producers = attach_feed(args, &mut model, &schedule)?;
     let config = TrainConfig {

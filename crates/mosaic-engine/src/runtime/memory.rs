@@ -13,6 +13,7 @@ use crate::error::EngineError;
 use crate::measure::{tape_bytes, tensor_bytes};
 use crate::models::model::{Coupling, Input, Module, Output, Shard};
 use crate::models::Model;
+use crate::runtime::collective::Collective;
 use crate::runtime::schedule::Schedule;
 
 /// Samples of the forward passes [`HostNeed`] extrapolates from: three, so that a module whose
@@ -194,14 +195,20 @@ impl HostNeed {
     }
 
     /// Fails, naming `--batch`, the estimate and the largest batch that fits, when a step of
-    /// `batch` samples needs more than `available` bytes (this machine's `MemAvailable`).
-    pub fn check(&self, batch: usize, available: u64) -> Result<(), EngineError> {
+    /// `batch` samples needs more than `available` bytes (this machine's `MemAvailable`) with
+    /// what the other ranks on this machine need at the same time (`neighbours`).
+    pub fn check(
+        &self,
+        batch: usize,
+        available: u64,
+        neighbours: Neighbours,
+    ) -> Result<(), EngineError> {
         let b = self.bytes(batch);
         let available = available as f64;
-        if b.total() <= available {
+        if b.total() + neighbours.bytes <= available {
             return Ok(());
         }
-        let gib = |x: f64| x / (1u64 << 30) as f64;
+        let gib = |x: f64| x / GIB;
         let gathered: Vec<&str> = (self.modules.iter())
             .filter(|m| m.gathered && m.here > 0)
             .map(|m| m.name)
@@ -217,16 +224,31 @@ impl HostNeed {
             String::new()
         };
         let fit = match self.largest_fitting(batch, available) {
+            _ if neighbours.ranks > 0 => "lower --batch, or start fewer ranks on this machine \
+                                          (mpirun --map-by node spreads them)"
+                .to_string(),
             0 => "not even one sample fits: train a smaller model".to_string(),
             n => format!("lower --batch: above about {n} samples a step cannot fit"),
+        };
+        let shared = if neighbours.ranks > 0 {
+            let (ranks, need) = match neighbours.ranks {
+                1 => ("the other rank on this machine".to_string(), "needs"),
+                n => (format!("the {n} other ranks on this machine"), "need"),
+            };
+            format!(
+                "; {ranks} {need} {:.1} GiB more at the same time",
+                gib(neighbours.bytes)
+            )
+        } else {
+            String::new()
         };
         Err(EngineError::BadSetting {
             setting: "--batch".into(),
             message: format!(
                 "a step of {batch} samples of {} needs about {:.1} GiB of host memory \
                  (parameters, gradients and AdamW moments {:.1} GiB, the batch {:.1} GiB, \
-                 activations kept for the backward pass {:.1} GiB{square}), and this machine \
-                 has {:.1} GiB available (MemAvailable in /proc/meminfo); {fit}",
+                 activations kept for the backward pass {:.1} GiB{square}){shared}, and this \
+                 machine has {:.1} GiB available (MemAvailable in /proc/meminfo); {fit}",
                 self.model,
                 gib(b.total()),
                 gib(b.weights),
@@ -267,24 +289,77 @@ pub fn available_host_bytes() -> Option<u64> {
         .map(|kib| kib.saturating_mul(1024))
 }
 
-/// Refuses (naming `--batch`) a CPU step of `batch` samples of `model` by `schedule`, as rank
-/// `rank` of `world` runs it, that needs more host memory than this machine has available;
-/// measures nothing for a batch of at most 4 samples, nor where the available memory is
-/// unknown.
+/// What the other ranks on this rank's machine need of its host memory during a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Neighbours {
+    /// How many other ranks run on this machine.
+    pub ranks: usize,
+    /// What they need together, bytes.
+    pub bytes: f64,
+}
+
+impl Neighbours {
+    /// The neighbours of rank `rank`, from every rank's `[host key high, host key low, need in
+    /// GiB]` (NaN: a rank that could not estimate its need, and fails by itself).
+    fn of(rows: &[Vec<f32>], rank: usize) -> Neighbours {
+        let mine = rows.get(rank).and_then(|r| r.get(..2));
+        let mut n = Neighbours::default();
+        for (r, row) in rows.iter().enumerate() {
+            if r == rank || row.get(..2) != mine {
+                continue;
+            }
+            n.ranks += 1;
+            if let Some(&gib) = row.get(2).filter(|g| g.is_finite()) {
+                n.bytes += f64::from(gib) * GIB;
+            }
+        }
+        n
+    }
+}
+
+/// Bytes in a GiB.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// This machine's name as two 16-bit halves of its FNV-1a hash, each exact in an f32, so that
+/// ranks can tell which of them share a machine through an f32 gather.
+fn host_key() -> [f32; 2] {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hash = (name.trim().bytes()).fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    [(hash >> 16) as f32, (hash & 0xffff) as f32]
+}
+
+/// Refuses (naming `--batch`) a CPU step of `batch` samples of `model` by `schedule`, as this
+/// rank of `collective` runs it, that needs more host memory than this machine has available
+/// once the other ranks on it have theirs (every rank measures its own need, and the ranks
+/// gather them: a collective call every rank makes); measures nothing for a batch of at most 4
+/// samples, and checks nothing where the available memory is unknown.
 pub fn check_host_memory(
     model: &Model,
     schedule: &Schedule,
     batch: usize,
-    rank: usize,
-    world: usize,
+    collective: &dyn Collective,
 ) -> Result<(), EngineError> {
-    let Some(available) = available_host_bytes() else {
-        return Ok(());
-    };
     if batch <= PROBES[PROBES.len() - 1] {
         return Ok(());
     }
-    HostNeed::measure(model, schedule, rank, world)?.check(batch, available)
+    let (rank, world) = (collective.rank(), collective.world());
+    let need = HostNeed::measure(model, schedule, rank, world);
+    let neighbours = if world > 1 {
+        // Every rank gathers, even one whose estimate failed, so that none waits for it.
+        let own = need.as_ref().map_or(f64::NAN, |n| n.bytes(batch).total());
+        let [high, low] = host_key();
+        let rows = collective.all_gather(&[high, low, (own / GIB) as f32])?;
+        Neighbours::of(&rows, rank)
+    } else {
+        Neighbours::default()
+    };
+    let need = need?;
+    match available_host_bytes() {
+        Some(available) => need.check(batch, available, neighbours),
+        None => Ok(()),
+    }
 }
 
 /// Fails, saying by how much, when the model's parameters, gradients and AdamW moments alone
@@ -580,8 +655,9 @@ mod tests {
         assert!(need.bytes(16).total() < 0.01 * gib, "{:?}", need.bytes(16));
         // Refused naming --batch, the estimate, align and the largest batch that fits.
         let available = 4u64 << 30;
-        need.check(16, available).unwrap();
-        let e = need.check(65_536, available).unwrap_err();
+        let alone = Neighbours::default();
+        need.check(16, available, alone).unwrap();
+        let e = need.check(65_536, available, alone).unwrap_err();
         assert!(e.is_bad_input());
         let text = e.to_string();
         assert!(
@@ -597,8 +673,38 @@ mod tests {
         assert!(need.bytes(n).total() <= available as f64);
         assert!(need.bytes(n + 1).total() > available as f64);
         assert!((1_000..65_536).contains(&n), "{n}");
-        let e = need.check(65_536, 1).unwrap_err().to_string();
+        let e = need.check(65_536, 1, alone).unwrap_err().to_string();
         assert!(e.contains("not even one sample fits"), "{e}");
+        // What fits alone does not beside three ranks that need nearly all of it.
+        let own = need.bytes(n).total();
+        let crowd = Neighbours {
+            ranks: 3,
+            bytes: available as f64 - own / 2.0,
+        };
+        let e = need.check(n, available, crowd).unwrap_err().to_string();
+        assert!(e.contains("the 3 other ranks on this machine need"), "{e}");
+        assert!(e.contains("start fewer ranks on this machine"), "{e}");
+    }
+
+    /// A rank's neighbours are the other ranks whose host key is its own; a rank whose
+    /// estimate failed (NaN) counts, with nothing of its need.
+    #[test]
+    fn neighbours_are_the_ranks_on_the_same_machine() {
+        let rows = vec![
+            vec![1.0, 2.0, 1.5],
+            vec![1.0, 2.0, 2.5],
+            vec![3.0, 2.0, 8.0],
+            vec![1.0, 2.0, f32::NAN],
+        ];
+        let n = Neighbours::of(&rows, 0);
+        assert_eq!(n.ranks, 2);
+        assert_eq!(n.bytes, 2.5 * GIB);
+        assert_eq!(Neighbours::of(&rows, 2), Neighbours::default());
+        let key = host_key();
+        assert!(key
+            .iter()
+            .all(|k| k.fract() == 0.0 && (0.0..65_536.0).contains(k)));
+        assert_eq!(key, host_key());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use mosaic_engine::runtime::feed::{
     FeedConfig, Launcher, MAX_IMAGES_PER_SAMPLE, MAX_PRODUCERS, MAX_RESOLUTION, MIN_RESOLUTION,
 };
 use mosaic_engine::runtime::memory::check_host_memory;
-use mosaic_engine::{models, Device, EngineError, Schedule};
+use mosaic_engine::{models, Device, EngineError, InProcess, Schedule};
 use serde_json::json;
 
 use crate::commands::engine::{engine, tiny_model};
@@ -120,7 +120,7 @@ fn check_model(args: &Args) -> Result<()> {
     tiny_model("measure preprocess", &args.model, &feedable)?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
     let schedule = Schedule::sequential(&model, available_cores());
-    check_host_memory(&model, &schedule, args.batch, 0, 1).map_err(engine)
+    check_host_memory(&model, &schedule, args.batch, &InProcess).map_err(engine)
 }
 
 /// The medians as a table.

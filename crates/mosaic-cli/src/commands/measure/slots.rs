@@ -9,7 +9,7 @@ use mosaic_engine::measure::{
 };
 use mosaic_engine::runtime::memory::check_host_memory;
 use mosaic_engine::runtime::slot::cuda::driver_unavailable;
-use mosaic_engine::{models, Device, TrainConfig};
+use mosaic_engine::{models, Device, InProcess, TrainConfig};
 use serde_json::json;
 
 use crate::commands::engine::{engine, load_plan_for, schedule, tiny_model};
@@ -51,7 +51,7 @@ pub fn run(args: &Args) -> Result<()> {
         .transpose()?;
     let model = models::build(&args.model, args.seed, &Device::Cpu).map_err(engine)?;
     let schedule = schedule(&model, plan.as_ref(), 1, args.batch, available_cores())?;
-    check_host_memory(&model, &schedule, args.batch, 0, 1).map_err(engine)?;
+    check_host_memory(&model, &schedule, args.batch, &InProcess).map_err(engine)?;
     let config = TrainConfig {
         batch: args.batch,
         ..TrainConfig::default()
