@@ -869,7 +869,8 @@ fn real_size_models_are_refused_where_only_tiny_ones_run() {
 
 /// A batch within the 65,536-sample limit whose step cannot fit this machine's memory
 /// (clip-tiny's contrastive logits alone are 16 GiB a copy at 65,536) is refused before the
-/// batch is drawn, naming `--batch` and the estimate, where it aborted out of memory after 41 s.
+/// batch is drawn, naming `--batch` and the estimate, where it aborted out of memory after 41 s
+/// (and the CPU profile sweep and colocations ran into it too).
 #[test]
 fn a_batch_beyond_the_hosts_memory_is_refused_before_step_1() {
     match available_gib() {
@@ -879,11 +880,19 @@ fn a_batch_beyond_the_hosts_memory_is_refused_before_step_1() {
             return;
         }
     }
+    let d = dir("batch-beyond-memory");
+    let out = d.join("colocations.json");
     for line in [
-        "train --model clip-tiny --steps 1 --batch 65536",
-        "measure slots --model clip-tiny --steps 1 --batch 65536",
+        "train --model clip-tiny --steps 1 --batch 65536".to_string(),
+        "measure slots --model clip-tiny --steps 1 --batch 65536".to_string(),
+        // A profile's or colocation's replica at dp 1 steps on the whole batch.
+        "measure profile --model clip-tiny --reps 1 --batch 65536".to_string(),
+        format!(
+            "measure colocations --model clip-tiny --reps 1 --count 2 --batch 65536 --out {}",
+            out.display()
+        ),
     ] {
-        let e = refused_quickly(line);
+        let e = refused_quickly(&line);
         assert!(
             e.contains("--batch: a step of 65536 samples of clip-tiny needs about"),
             "{line}: {e}"
@@ -891,4 +900,5 @@ fn a_batch_beyond_the_hosts_memory_is_refused_before_step_1() {
         assert!(e.contains("GiB available (MemAvailable"), "{line}: {e}");
         assert!(e.contains("in align"), "{line}: {e}");
     }
+    assert!(!out.exists());
 }

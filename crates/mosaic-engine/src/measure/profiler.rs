@@ -48,6 +48,7 @@ use crate::error::EngineError;
 use crate::models::model::{Input, Model, Output, Shard};
 use crate::models::nn::Params;
 use crate::models::{self, Batch, Recipe};
+use crate::runtime::memory::check_sweep_memory;
 use crate::runtime::optim::{AdamW, AdamWConfig};
 
 /// Settings of a profiling sweep.
@@ -166,6 +167,10 @@ impl Profiler {
         };
         let model = models::build_placed(&recipe, place)?;
         let devices: Vec<Device> = model.modules.iter().map(|m| place(m.name)).collect();
+        if devices.iter().all(Device::is_cpu) {
+            // Before the whole batch is drawn and pushed through every module.
+            check_sweep_memory(&model, config.batch, machine.cores)?;
+        }
         let batch = model
             .data
             .batch(0, config.batch, &Device::Cpu)

@@ -362,6 +362,20 @@ pub fn check_host_memory(
     }
 }
 
+/// [`check_host_memory`] of every module of `model` at dp 1 in one process on `cores` cores:
+/// the most a profile sweep or a colocation holds (a replica at dp 1 steps on the whole batch,
+/// and a colocation may run every module at once), checked before the batch is drawn.
+pub(crate) fn check_sweep_memory(
+    model: &Model,
+    batch: usize,
+    cores: usize,
+) -> Result<(), EngineError> {
+    let plan = crate::sequential_plan(model, 1);
+    let every = std::path::Path::new("(every module at dp 1)");
+    let schedule = Schedule::from_plan(&plan, every, model, batch, cores)?;
+    check_host_memory(model, &schedule, batch, &crate::InProcess)
+}
+
 /// Fails, saying by how much, when the model's parameters, gradients and AdamW moments alone
 /// (every module's, resident for the whole run) exceed the free memory of CUDA device
 /// `ordinal`.
