@@ -312,18 +312,19 @@ fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
 /// where each rank's contrastive head holds the whole batch's logits, naming the other rank.
 #[test]
 fn ranks_on_one_machine_are_checked_against_its_memory_together() {
-    let alone = mosaic(
-        None,
-        &[
+    let train = |ranks, batch: &str| {
+        let args = [
             "train",
             "--model",
             "clip-tiny",
             "--steps",
             "1",
             "--batch",
-            "65536",
-        ],
-    );
+            batch,
+        ];
+        mosaic(ranks, &args)
+    };
+    let alone = train(None, "65536");
     let e = String::from_utf8_lossy(&alone.stderr);
     let Some(n) = e
         .split("above about ")
@@ -334,19 +335,7 @@ fn ranks_on_one_machine_are_checked_against_its_memory_together() {
         eprintln!("skipped: 65536 samples fit this machine, or its memory is unknown: {e}");
         return;
     };
-    let batch = n.to_string();
-    let both = mosaic(
-        Some(2),
-        &[
-            "train",
-            "--model",
-            "clip-tiny",
-            "--steps",
-            "1",
-            "--batch",
-            &batch,
-        ],
-    );
+    let both = train(Some(2), &n.to_string());
     assert!(!both.status.success());
     let e = String::from_utf8_lossy(&both.stderr);
     assert!(
