@@ -5,7 +5,8 @@
 //!
 //! On the CPU, [`HostNeed`] estimates what a step holds in host memory at any batch from
 //! forward passes at a few samples, so that `mosaic train` refuses a `--batch` that cannot fit
-//! before it draws the batch, instead of the allocator aborting the process minutes in.
+//! before it draws the batch, instead of the allocator aborting the process minutes in; the
+//! ranks an `mpirun` starts on one machine are checked against its memory together.
 
 use candle_core::{Device, Tensor};
 
