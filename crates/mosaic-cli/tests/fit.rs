@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 mod common;
-use common::{dir, mosaic, read_json, refused, s, stderr, stdout};
+use common::{clip_files, dir, mosaic, read_json, refused, s, stderr, stdout};
 
 /// `mosaic simulate colocations --count n` of OFASys on h100x8 into `dir/c.json`.
 fn colocations(dir: &Path, n: &str) -> PathBuf {
@@ -392,30 +392,6 @@ fn simulate_colocations_needs_a_model_and_an_out_file() {
     }
     assert_eq!(read_json(&a), read_json(&b));
     assert_ne!(read_json(&a), read_json(&c));
-}
-
-/// CLIP on h100x8, profiled into `dir/clip.json`, and 20 simulated colocations of it into
-/// `dir/c.json`, as the hostile-input audit made them.
-fn clip_files(dir: &Path) -> (PathBuf, PathBuf) {
-    let (profile, c) = (dir.join("clip.json"), dir.join("c.json"));
-    for args in [
-        vec!["profile", "--model", "clip", "--cluster", "h100x8"],
-        vec![
-            "simulate",
-            "colocations",
-            "--model",
-            "clip",
-            "--cluster",
-            "h100x8",
-            "--count",
-            "20",
-        ],
-    ] {
-        let out = if args[0] == "profile" { &profile } else { &c };
-        let o = mosaic(&[&args[..], &["--out", s(out)]].concat());
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    }
-    (profile, c)
 }
 
 /// `fit` never writes a profile that `plan` refuses: a colocated time within a profile's

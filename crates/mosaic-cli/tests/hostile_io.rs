@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{dir, json_of, mosaic, s, stderr};
+use common::{clip_files, dir, json_of, mosaic, s, stderr};
 
 /// How long one invocation may take before it counts as a hang and is killed (refusals take
 /// milliseconds).
@@ -138,31 +138,7 @@ fn a_fifo_as_calibration_is_refused_at_once() {
 fn trailing_garbage_after_the_json_value_is_refused() {
     let d = dir("trailing");
     let plan = write_json(&d, "plan.json", &clip_plan());
-    let profiles = d.join("clip.json");
-    let o = mosaic(&[
-        "profile",
-        "--model",
-        "clip",
-        "--cluster",
-        "h100x8",
-        "--out",
-        s(&profiles),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let colocations = d.join("c.json");
-    let o = mosaic(&[
-        "simulate",
-        "colocations",
-        "--model",
-        "clip",
-        "--cluster",
-        "h100x8",
-        "--count",
-        "20",
-        "--out",
-        s(&colocations),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let (profiles, colocations) = clip_files(&d);
 
     for tail in ["not json at all\n", "{}", "\n]"] {
         let bad_plan = with_tail(&d, &plan, "tplan.json", tail);
@@ -326,37 +302,13 @@ fn an_output_under_a_regular_file_says_it_is_not_a_directory() {
 fn an_output_that_is_an_input_or_another_output_is_refused_untouched() {
     let d = dir("clobber");
     let plan = write_json(&d, "plan.json", &clip_plan());
-    let profiles = d.join("profiles.json");
-    let o = mosaic(&[
-        "profile",
-        "--model",
-        "clip",
-        "--cluster",
-        "h100x8",
-        "--out",
-        s(&profiles),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let coloc = d.join("coloc.json");
-    let o = mosaic(&[
-        "simulate",
-        "colocations",
-        "--model",
-        "clip",
-        "--cluster",
-        "h100x8",
-        "--count",
-        "5",
-        "--out",
-        s(&coloc),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let (profiles, coloc) = clip_files(&d);
     let before: Vec<String> = [&plan, &profiles, &coloc]
         .iter()
         .map(|p| std::fs::read_to_string(p).unwrap())
         .collect();
     // The same file by another spelling too.
-    let profiles_again = d.join(".").join("profiles.json");
+    let profiles_again = d.join(".").join("clip.json");
     let fitted = d.join("f.json");
     let cases: Vec<(Vec<&str>, [&str; 2])> = vec![
         (

@@ -77,3 +77,27 @@ pub fn s(p: &Path) -> &str {
 pub fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
+
+/// CLIP on h100x8, profiled into `dir/clip.json`, and 20 simulated colocations of it into
+/// `dir/c.json`.
+pub fn clip_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let (profile, c) = (dir.join("clip.json"), dir.join("c.json"));
+    for args in [
+        vec!["profile", "--model", "clip", "--cluster", "h100x8"],
+        vec![
+            "simulate",
+            "colocations",
+            "--model",
+            "clip",
+            "--cluster",
+            "h100x8",
+            "--count",
+            "20",
+        ],
+    ] {
+        let out = if args[0] == "profile" { &profile } else { &c };
+        let o = mosaic(&[&args[..], &["--out", s(out)]].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    (profile, c)
+}
