@@ -346,6 +346,10 @@ pub fn check_host_memory(
         return Ok(());
     }
     let (rank, world) = (collective.rank(), collective.world());
+    let available = available_host_bytes();
+    if world == 1 && available.is_none() {
+        return Ok(());
+    }
     let need = HostNeed::measure(model, schedule, rank, world);
     let neighbours = if world > 1 {
         // Every rank gathers, even one whose estimate failed, so that none waits for it.
@@ -357,7 +361,7 @@ pub fn check_host_memory(
         Neighbours::default()
     };
     let need = need?;
-    match available_host_bytes() {
+    match available {
         Some(available) => need.check(batch, available, neighbours),
         None => Ok(()),
     }
