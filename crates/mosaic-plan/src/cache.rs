@@ -8,9 +8,11 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 use mosaic_profile::ModuleSet;
 
+use crate::bound::Inputs;
 use crate::stage_eval::{stage_eval_within, Limits, StageAlloc};
 use crate::Problem;
 
@@ -54,6 +56,8 @@ pub struct StageCache<'p> {
     problem: &'p Problem<'p>,
     map: HashMap<ModuleSet, Entry>,
     limits: Limits,
+    /// What the lower bounds derive from, once computed.
+    bound: Option<Rc<Inputs>>,
     /// Work counters.
     pub stats: EvalStats,
 }
@@ -70,8 +74,18 @@ impl<'p> StageCache<'p> {
             problem,
             map: HashMap::new(),
             limits,
+            bound: None,
             stats: EvalStats::default(),
         }
+    }
+
+    /// What the problem's lower bounds derive from (`bound/`), computed at the first call
+    /// (whose `deadline` stops the packing weights improving) and kept.
+    pub(crate) fn bound_inputs(&mut self, deadline: Option<Instant>) -> Rc<Inputs> {
+        let problem = self.problem;
+        self.bound
+            .get_or_insert_with(|| Rc::new(Inputs::new(problem, deadline)))
+            .clone()
     }
 
     /// Changes the limits of later StageEval runs.

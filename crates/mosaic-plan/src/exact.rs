@@ -119,7 +119,8 @@ struct Search<'c, 'p> {
 impl<'c, 'p> Search<'c, 'p> {
     /// A search from the empty down-set, the only open entry.
     fn new(cache: &'c mut StageCache<'p>, upper: f64, deadline: Instant) -> Self {
-        let mut h = LowerBound::new(cache.problem());
+        let inputs = cache.bound_inputs(Some(deadline));
+        let mut h = LowerBound::new(cache.problem(), &inputs);
         let mut best = Best::new();
         best.insert(0, (0.0, 0, None));
         let h0 = h.of(ModuleSet::EMPTY);

@@ -137,10 +137,18 @@ impl<'m> Problem<'m> {
     /// of the critical path at the modules' fastest times and their quota area × time over the
     /// pool's SM capacity (a module sharing a GPU at Eq. 8's least slowdown, one alone charged
     /// its GPUs' whole quota), per group of modules that can share stages, with each group's relaxed
-    /// stage sequence, tightened by the fact that no module of a plan runs longer than the plan.
+    /// stage sequence and stage-packing weights, tightened by the fact that no module of a plan
+    /// runs longer than the plan.
     /// The tightening stops at `deadline` (if any) with a weaker bound, still valid.
     pub fn plan_lower_bound(&self, deadline: Option<Instant>) -> f64 {
-        bound::plan_bound(self, deadline)
+        bound::plan_bound(self, &bound::Inputs::new(self, deadline), deadline)
+    }
+
+    /// Per module, its stage-packing weight (`bound/packing.rs`): no stage that holds a set of
+    /// modules lasts less than the sum of their weights, so no plan is faster than the sum
+    /// over all modules.
+    pub fn packing_weights(&self) -> Vec<f64> {
+        bound::Inputs::new(self, None).packed
     }
 }
 
@@ -204,7 +212,8 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     let mut cache = StageCache::with_limits(&problem, limits(HEURISTIC_LIMITS.nodes));
     let mut stages = gahc(&mut cache, deadline)?;
     let mut search = "gahc";
-    let mut lower = problem.plan_lower_bound(Some(deadline));
+    let inputs = cache.bound_inputs(Some(deadline));
+    let mut lower = bound::plan_bound(&problem, &inputs, Some(deadline));
     let mut optimal = false;
     if opts.search != Search::Gahc {
         // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a

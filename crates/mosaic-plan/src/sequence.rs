@@ -33,7 +33,7 @@ pub fn improve(
     let model = problem.model;
     let mut cutter = Cutter {
         model,
-        h: LowerBound::new(problem),
+        h: LowerBound::new(problem, &cache.bound_inputs(Some(deadline))),
         deadline,
     };
     let mut best_total: f64 = stages.iter().map(|s| s.time_ms).sum();

@@ -249,3 +249,45 @@ fn the_bound_charges_the_slowdown_of_sharing_a_gpu() {
     assert!((plan.iteration_ms - 11.0).abs() < 1e-9, "{plan:?}");
     assert!(plan.optimal, "{plan:?}");
 }
+
+/// The bound sees stages that cannot hold their modules at once: three modules on one GPU,
+/// each 10 ms at 0.6 of it and 25 ms at 0.4. No two fit at 0.6, and all three never fit, so
+/// the best plan is three stages of 10 ms (a pair at 0.6 + 0.4 takes 25 ms and leaves the
+/// third). The area bound says 18 ms (3 × 0.6 × 10); the stage-packing weights (no stage
+/// holds more weight than it lasts: 10 alone, 25 for a pair) prove 30.
+#[test]
+fn the_bound_sees_modules_that_cannot_share_a_stage() {
+    let module = |name: &str| {
+        let sample = |sm: f64, t: f64| {
+            format!(
+                r#"{{"dp": 1, "sm": {sm}, "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.5}}"#
+            )
+        };
+        format!(
+            r#"{{"name": "{name}", "after": [], "samples": [{}, {}]}}"#,
+            sample(0.4, 25.0),
+            sample(0.6, 10.0)
+        )
+    };
+    let text = format!(
+        r#"{{"format": "mosaic-profiles/1",
+            "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
+            "modules": [{}, {}, {}],
+            "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
+        module("a"),
+        module("b"),
+        module("c")
+    );
+    let file = mosaic_profile::parse(&text, "three.json").unwrap();
+    let model = PerfModel::new(&file, 0.2, "three.json").unwrap();
+    let problem = Problem::new(&model, 1).unwrap();
+    let bound = problem.plan_lower_bound(None);
+    assert!((bound - 30.0).abs() < 1e-6, "bound {bound}");
+    let opts = SolveOptions {
+        search: Search::Gahc,
+        budget: Duration::from_secs(1),
+    };
+    let plan = solve(&model, 1, &opts).unwrap();
+    assert!((plan.iteration_ms - 30.0).abs() < 1e-9, "{plan:?}");
+    assert!(plan.optimal, "{plan:?}");
+}

@@ -581,6 +581,40 @@ proptest! {
         }
     }
 
+    /// No stage outweighs its time: the stage-packing weights of any set of modules that may
+    /// share a stage (none an ancestor of another) sum to at most StageEval's optimum for
+    /// that set, with interference scaled ×0, ×1 or ×3 and on either SM grid.
+    #[test]
+    fn no_stage_outweighs_its_time(
+        seed in any::<u64>(),
+        modules in 2usize..=8,
+        gpus in 1u32..=8,
+        scale in prop_oneof![Just(0.0f64), Just(1.0), Just(3.0)],
+        granularity in prop_oneof![Just(0.1f64), Just(0.0)],
+        sets in prop::collection::vec(1u64..256, 1..24),
+    ) {
+        let Some((_, model)) = tightened_model(seed, modules, 8, granularity, 80.0, scale) else {
+            return Err(TestCaseError::reject("no model"));
+        };
+        if unplaceable(&model, gpus) {
+            return Err(TestCaseError::reject("needs more GPUs"));
+        }
+        let problem = Problem::new(&model, gpus).unwrap();
+        let weight = problem.packing_weights();
+        prop_assert!(weight.iter().all(|&w| w >= 0.0), "{weight:?}");
+        let all = ModuleSet::all(modules);
+        for bits in sets {
+            let set = ModuleSet(bits).intersect(all);
+            if set.is_empty() || set.iter().any(|m| !model.modules[m].ancestors.intersect(set).is_empty()) {
+                continue;
+            }
+            let Some(stage) = stage_eval(&problem, set, f64::INFINITY) else { continue };
+            let held: f64 = set.iter().map(|m| weight[m]).sum();
+            prop_assert!(held <= stage.time_ms * (1.0 + 1e-9),
+                "set {set:?} weighs {held} but its stage takes {} ms", stage.time_ms);
+        }
+    }
+
     /// The result cache and the pruning bound answer every query like StageEval itself:
     /// `eval_below(set, cutoff)` is the optimum when it is below the cutoff and `None`
     /// otherwise, whatever was asked before, and `Problem::lower_bound` never exceeds the

@@ -33,15 +33,23 @@
 //! stage-sequence relaxation (`stages.rs`: every module at its fastest, no SM capacity), which
 //! sees that modules at different depths add stages where one critical path does not.
 //!
+//! A group's bound is also at least the sum of its modules' stage-packing weights
+//! (`packing.rs`): weights such that no stage a plan can form holds more weight than it lasts,
+//! which sees that a module holds its quota for its whole stage, so modules that cannot fit
+//! beside each other at their fast runs need stages of their own.
+//!
 //! For a whole plan it tightens further (`plan.rs`, [`plan_bound`]): no module of a plan of
 //! time C runs longer than C minus the fastest chains before and after it, so the least C with
 //! C ≥ B(C) bounds every plan.
 
 mod options;
+mod packing;
 mod plan;
+mod simplex;
 mod stages;
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use mosaic_profile::{ModuleSet, PerfModel};
 
@@ -71,30 +79,25 @@ pub(crate) struct LowerBound<'m> {
     comparable: Vec<ModuleSet>,
     /// The stage-sequence relaxation at the fastest times (`stages.rs`).
     stages: Stages,
+    /// Per module, its stage-packing weight (`packing.rs`): a set of modules takes at least
+    /// the sum of theirs.
+    packed: Vec<f64>,
     /// The bound of each down-set asked for so far.
     memo: HashMap<u64, f64>,
 }
 
 impl<'m> LowerBound<'m> {
-    /// The bound of `problem`.
-    pub(crate) fn new(problem: &Problem<'m>) -> Self {
-        let comparable = comparable(problem.model);
-        let runs = options::options(problem, &comparable);
+    /// The bound of `problem` from its `inputs`.
+    pub(crate) fn new(problem: &Problem<'m>, inputs: &Inputs) -> Self {
         let window = vec![0.0; problem.cands.len()];
-        Self::capped(problem, &runs, comparable, f64::INFINITY, &window)
+        Self::capped(problem, inputs, f64::INFINITY, &window)
     }
 
-    /// The bound of `problem`, whose modules run as `runs` (`options.rs`) and never share a
-    /// stage with those `comparable` holds, over the plans of time at most `cap` ms: each
-    /// module keeps the runs no slower than `cap` − its `window` slack; modules without one
-    /// make every bound infinite.
-    fn capped(
-        problem: &Problem<'m>,
-        runs: &[Vec<Run>],
-        comparable: Vec<ModuleSet>,
-        cap: f64,
-        window: &[f64],
-    ) -> Self {
+    /// The bound of `problem` from its `inputs`, over the plans of time at most `cap` ms:
+    /// each module keeps the runs no slower than `cap` − its `window` slack; modules without
+    /// one make every bound infinite.
+    fn capped(problem: &Problem<'m>, inputs: &Inputs, cap: f64, window: &[f64]) -> Self {
+        let runs = &inputs.runs;
         let model = problem.model;
         let n = model.modules.len();
         let capacity = model.units_per_gpu as f64 * problem.gpus as f64;
@@ -151,7 +154,8 @@ impl<'m> LowerBound<'m> {
             area,
             weight,
             children,
-            comparable,
+            comparable: inputs.comparable.clone(),
+            packed: inputs.packed.clone(),
             memo: HashMap::new(),
         }
     }
@@ -169,8 +173,13 @@ impl<'m> LowerBound<'m> {
 
     /// [`LowerBound::of`], computed.
     fn compute(&mut self, done: ModuleSet) -> f64 {
+        self.per_group(done).iter().map(|g| g.1).sum()
+    }
+
+    /// Each group of the modules outside `done` with its bound.
+    fn per_group(&mut self, done: ModuleSet) -> Vec<(ModuleSet, f64)> {
         let rest = self.all.minus(done);
-        let (group, groups) = self.groups(rest);
+        let (group, groups) = groups(rest, &self.comparable);
         let mut area = vec![0.0f64; groups];
         for m in rest.iter() {
             area[group[m]] += self.area[m];
@@ -202,33 +211,66 @@ impl<'m> LowerBound<'m> {
         }
         best.iter()
             .zip(members)
-            .map(|(&lagrangian, set)| lagrangian.max(self.stages.least(set).unwrap_or(0.0)))
-            .sum()
+            .map(|(&lagrangian, set)| {
+                let packed: f64 = set.iter().map(|m| self.packed[m]).sum();
+                let stages = self.stages.least(set).unwrap_or(0.0);
+                (set, lagrangian.max(stages).max(packed))
+            })
+            .collect()
     }
+}
 
-    /// The groups of `rest` (module docs): per module its group's number, and how many.
-    fn groups(&self, rest: ModuleSet) -> (Vec<usize>, usize) {
-        let mut group = vec![usize::MAX; self.model.modules.len()];
-        let mut groups = 0;
-        for seed in rest.iter() {
-            if group[seed] != usize::MAX {
-                continue;
-            }
-            let mut todo = vec![seed];
-            group[seed] = groups;
-            while let Some(m) = todo.pop() {
-                let unordered = rest.minus(self.comparable[m]).minus(ModuleSet::single(m));
-                for other in unordered.iter() {
-                    if group[other] == usize::MAX {
-                        group[other] = groups;
-                        todo.push(other);
-                    }
+/// What every bound of one problem derives from, computed once.
+pub(crate) struct Inputs {
+    /// Per module, its ancestors and descendants.
+    comparable: Vec<ModuleSet>,
+    /// Per module, its runs no other beats in time and area (`options.rs`).
+    runs: Vec<Vec<Run>>,
+    /// Per module, its stage-packing weight (`packing.rs`).
+    pub(crate) packed: Vec<f64>,
+}
+
+impl Inputs {
+    /// The inputs of `problem`; the packing weights stop improving at `deadline`, and are
+    /// left at 0 in each group where they cannot beat the group's other bounds.
+    pub(crate) fn new(problem: &Problem, deadline: Option<Instant>) -> Self {
+        let comparable = comparable(problem.model);
+        let all_runs = options::options(problem, &comparable);
+        let n = all_runs.len();
+        let mut inputs = Inputs {
+            comparable,
+            runs: all_runs.iter().cloned().map(options::area_front).collect(),
+            packed: vec![0.0; n],
+        };
+        let groups = LowerBound::new(problem, &inputs).per_group(ModuleSet::EMPTY);
+        inputs.packed = packing::weights(problem, &all_runs, &groups, deadline);
+        inputs
+    }
+}
+
+/// The groups of `rest` (module docs) under `comparable`: per module its group's number
+/// (`usize::MAX` outside `rest`), and how many.
+fn groups(rest: ModuleSet, comparable: &[ModuleSet]) -> (Vec<usize>, usize) {
+    let mut group = vec![usize::MAX; comparable.len()];
+    let mut groups = 0;
+    for seed in rest.iter() {
+        if group[seed] != usize::MAX {
+            continue;
+        }
+        let mut todo = vec![seed];
+        group[seed] = groups;
+        while let Some(m) = todo.pop() {
+            let unordered = rest.minus(comparable[m]).minus(ModuleSet::single(m));
+            for other in unordered.iter() {
+                if group[other] == usize::MAX {
+                    group[other] = groups;
+                    todo.push(other);
                 }
             }
-            groups += 1;
         }
-        (group, groups)
+        groups += 1;
     }
+    (group, groups)
 }
 
 /// Per module, its ancestors and descendants: the modules that never share a stage with it.

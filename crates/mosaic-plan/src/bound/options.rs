@@ -29,11 +29,12 @@ pub(super) struct Run {
     pub(super) time_ms: f64,
     /// Quota units taken from the pool × time, unit·ms.
     pub(super) area_time: f64,
+    /// Quota units taken from the pool: dp × quota when sharing, dp × U when alone.
+    pub(super) units: u32,
 }
 
-/// Per module, its runs over its candidates (module docs) that no other run beats in both
-/// time and area, fastest first; `comparable[m]` holds m's ancestors and descendants, the
-/// modules that never share a stage with it.
+/// Per module, its runs over its candidates (module docs); `comparable[m]` holds m's
+/// ancestors and descendants, the modules that never share a stage with it.
 pub(super) fn options(problem: &Problem, comparable: &[ModuleSet]) -> Vec<Vec<Run>> {
     let model = problem.model;
     let e = model.interference;
@@ -61,6 +62,7 @@ pub(super) fn options(problem: &Problem, comparable: &[ModuleSet]) -> Vec<Vec<Ru
                 list.push(Run {
                     time_ms: t,
                     area_time: f64::from(c.dp) * f64::from(units) * t,
+                    units: c.dp * units,
                 });
                 let Some((bw, quota)) = partner else { continue };
                 if c.units.saturating_add(quota) <= units {
@@ -68,17 +70,19 @@ pub(super) fn options(problem: &Problem, comparable: &[ModuleSet]) -> Vec<Vec<Ru
                     list.push(Run {
                         time_ms: shared,
                         area_time: f64::from(c.area) * shared,
+                        units: c.area,
                     });
                 }
             }
-            pareto(list)
+            list
         })
         .collect()
 }
 
-/// The runs of `list` that no other run beats in both time and area: the bound takes the
-/// least of λ·time + (1 − λ)·area over runs within a time cap, which only these can be.
-fn pareto(mut list: Vec<Run>) -> Vec<Run> {
+/// The runs of `list` that no other run beats in both time and area, fastest first: the
+/// Lagrangian bound takes the least of λ·time + (1 − λ)·area over runs within a time cap,
+/// which only these can be.
+pub(super) fn area_front(mut list: Vec<Run>) -> Vec<Run> {
     list.sort_by(|a, b| {
         a.time_ms
             .total_cmp(&b.time_ms)
@@ -135,6 +139,7 @@ mod tests {
                 expected.push(Run {
                     time_ms: t,
                     area_time: f64::from(c.dp) * 10.0 * t,
+                    units: c.dp * 10,
                 });
                 // Every module has a 0.1 quota (one unit) to share with.
                 if c.units < 10 {
@@ -142,11 +147,12 @@ mod tests {
                     expected.push(Run {
                         time_ms: slow,
                         area_time: f64::from(c.area) * slow,
+                        units: c.area,
                     });
                     shared += 1;
                 }
             }
-            assert_eq!(runs, &pareto(expected), "module {m}");
+            assert_eq!(runs, &expected, "module {m}");
         }
         assert!(shared > 0);
         let alone = options(&problem, &vec![ModuleSet::all(n); n]);
@@ -154,17 +160,22 @@ mod tests {
             let whole = |c: &Candidate| Run {
                 time_ms: c.time_ms,
                 area_time: f64::from(c.dp) * 10.0 * c.time_ms,
+                units: c.dp * 10,
             };
             let cands = &problem.cands[m].list;
             let all: Vec<Run> = cands.iter().map(whole).collect();
-            assert_eq!(runs, &pareto(all), "module {m} shares with none");
+            assert_eq!(runs, &all, "module {m} shares with none");
         }
     }
 
     /// Only runs that no other beats in both time and area stay, fastest first.
     #[test]
-    fn pareto_keeps_the_front() {
-        let run = |time_ms, area_time| Run { time_ms, area_time };
+    fn the_area_front_keeps_the_undominated_runs() {
+        let run = |time_ms, area_time| Run {
+            time_ms,
+            area_time,
+            units: 1,
+        };
         let list = vec![
             run(3.0, 5.0),
             run(1.0, 9.0),
@@ -173,7 +184,7 @@ mod tests {
             run(5.0, 1.0),
         ];
         assert_eq!(
-            pareto(list),
+            area_front(list),
             vec![run(1.0, 9.0), run(3.0, 5.0), run(5.0, 1.0)]
         );
     }

@@ -15,16 +15,15 @@ use std::time::Instant;
 
 use mosaic_profile::ModuleSet;
 
-use super::{comparable, options, LowerBound};
+use super::{Inputs, LowerBound};
 use crate::Problem;
 
 /// The fixed-point lower bound on every plan's iteration time (module docs): the least C with
 /// C ≥ B(C), B(C) the bound over the runs a plan of time C can use. Stopped at `deadline`,
 /// the search returns the least C it has not yet ruled out.
-pub(crate) fn plan_bound(problem: &Problem, deadline: Option<Instant>) -> f64 {
+pub(crate) fn plan_bound(problem: &Problem, inputs: &Inputs, deadline: Option<Instant>) -> f64 {
     let window = windows(problem);
-    let comparable = comparable(problem.model);
-    let runs = options::options(problem, &comparable);
+    let runs = &inputs.runs;
     // B changes only where C crosses some run's time plus its module's window.
     let mut times: Vec<f64> = runs
         .iter()
@@ -36,22 +35,13 @@ pub(crate) fn plan_bound(problem: &Problem, deadline: Option<Instant>) -> f64 {
     if times.is_empty() {
         return 0.0;
     }
-    let b = |k: usize| {
-        LowerBound::capped(problem, &runs, comparable.clone(), times[k], &window)
-            .of(ModuleSet::EMPTY)
-    };
+    let b = |k: usize| LowerBound::capped(problem, inputs, times[k], &window).of(ModuleSet::EMPTY);
     // Between consecutive times B is constant, so the interval [t_k, t_k+1) holds a C ≥ B(C)
     // iff B(t_k) < t_k+1; that holds from some k on (B falls, t rises): find the first.
     let next = |k: usize| times.get(k + 1).copied().unwrap_or(f64::INFINITY);
     let (mut lo, mut hi) = (0, times.len() - 1);
-    let unbounded = LowerBound::capped(
-        problem,
-        &runs,
-        comparable.clone(),
-        f64::INFINITY,
-        &vec![0.0; runs.len()],
-    )
-    .of(ModuleSet::EMPTY);
+    let unbounded = LowerBound::capped(problem, inputs, f64::INFINITY, &vec![0.0; runs.len()])
+        .of(ModuleSet::EMPTY);
     while lo < hi {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             // No C below times[lo] satisfies C ≥ B(C).
