@@ -222,32 +222,9 @@ fn a_plan_meeting_the_bound_is_optimal_without_the_exact_search() {
 /// from the area, so neither may run at 10 ms on half of it for free.
 #[test]
 fn the_bound_charges_the_slowdown_of_sharing_a_gpu() {
-    let module = |name: &str| {
-        format!(
-            r#"{{"name": "{name}", "after": [], "samples": [
-                {{"dp": 1, "sm": 0.5, "time_ms": 10.0, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.5}}]}}"#
-        )
-    };
-    let text = format!(
-        r#"{{"format": "mosaic-profiles/1",
-            "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
-            "modules": [{}, {}],
-            "interference": {{"e1": 0.1, "e2": 0.0, "e3": 0.0}}}}"#,
-        module("a"),
-        module("b")
-    );
-    let file = mosaic_profile::parse(&text, "pair.json").unwrap();
-    let model = PerfModel::new(&file, 0.5, "pair.json").unwrap();
-    let problem = Problem::new(&model, 1).unwrap();
-    let bound = problem.plan_lower_bound(None);
-    assert!((bound - 11.0).abs() < 1e-9, "bound {bound}");
-    let opts = SolveOptions {
-        search: Search::Gahc,
-        budget: Duration::from_secs(1),
-    };
-    let plan = solve(&model, 1, &opts).unwrap();
-    assert!((plan.iteration_ms - 11.0).abs() < 1e-9, "{plan:?}");
-    assert!(plan.optimal, "{plan:?}");
+    let module = |name: &str| one_gpu_module(name, &[(0.5, 10.0)]);
+    let model = one_gpu_model(&[module("a"), module("b")], 0.1, 0.5);
+    assert_bound_proves_the_plan(&model, 11.0);
 }
 
 /// The bound sees stages that cannot hold their modules at once: three modules on one GPU,
@@ -257,37 +234,50 @@ fn the_bound_charges_the_slowdown_of_sharing_a_gpu() {
 /// holds more weight than it lasts: 10 alone, 25 for a pair) prove 30.
 #[test]
 fn the_bound_sees_modules_that_cannot_share_a_stage() {
-    let module = |name: &str| {
-        let sample = |sm: f64, t: f64| {
+    let module = |name: &str| one_gpu_module(name, &[(0.4, 25.0), (0.6, 10.0)]);
+    let model = one_gpu_model(&[module("a"), module("b"), module("c")], 0.0, 0.2);
+    assert_bound_proves_the_plan(&model, 30.0);
+}
+
+/// A module of no producers with one sample per (SM share, ms) at dp 1.
+fn one_gpu_module(name: &str, samples: &[(f64, f64)]) -> String {
+    let samples: Vec<String> = samples
+        .iter()
+        .map(|(sm, t)| {
             format!(
                 r#"{{"dp": 1, "sm": {sm}, "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.5}}"#
             )
-        };
-        format!(
-            r#"{{"name": "{name}", "after": [], "samples": [{}, {}]}}"#,
-            sample(0.4, 25.0),
-            sample(0.6, 10.0)
-        )
-    };
+        })
+        .collect();
+    format!(
+        r#"{{"name": "{name}", "after": [], "samples": [{}]}}"#,
+        samples.join(", ")
+    )
+}
+
+/// The model of `modules` with interference e1 only, at SM quota step `granularity`.
+fn one_gpu_model(modules: &[String], e1: f64, granularity: f64) -> PerfModel {
     let text = format!(
         r#"{{"format": "mosaic-profiles/1",
             "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
-            "modules": [{}, {}, {}],
-            "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
-        module("a"),
-        module("b"),
-        module("c")
+            "modules": [{}],
+            "interference": {{"e1": {e1}, "e2": 0.0, "e3": 0.0}}}}"#,
+        modules.join(", ")
     );
-    let file = mosaic_profile::parse(&text, "three.json").unwrap();
-    let model = PerfModel::new(&file, 0.2, "three.json").unwrap();
-    let problem = Problem::new(&model, 1).unwrap();
+    let file = mosaic_profile::parse(&text, "one-gpu.json").unwrap();
+    PerfModel::new(&file, granularity, "one-gpu.json").unwrap()
+}
+
+/// On one GPU the bound alone is `optimum`, and GAHC's plan takes it and is called optimal.
+fn assert_bound_proves_the_plan(model: &PerfModel, optimum: f64) {
+    let problem = Problem::new(model, 1).unwrap();
     let bound = problem.plan_lower_bound(None);
-    assert!((bound - 30.0).abs() < 1e-6, "bound {bound}");
+    assert!((bound - optimum).abs() < 1e-6, "bound {bound}");
     let opts = SolveOptions {
         search: Search::Gahc,
         budget: Duration::from_secs(1),
     };
-    let plan = solve(&model, 1, &opts).unwrap();
-    assert!((plan.iteration_ms - 30.0).abs() < 1e-9, "{plan:?}");
+    let plan = solve(model, 1, &opts).unwrap();
+    assert!((plan.iteration_ms - optimum).abs() < 1e-9, "{plan:?}");
     assert!(plan.optimal, "{plan:?}");
 }

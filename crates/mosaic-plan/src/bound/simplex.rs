@@ -177,13 +177,19 @@ mod tests {
         a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
     }
 
+    /// The programme x_j ≤ `bounds[j]`, with room for 8 rows.
+    fn bounded(bounds: &[f64]) -> Simplex {
+        let mut lp = Simplex::new(bounds.len(), 8);
+        for (j, &b) in bounds.iter().enumerate() {
+            lp.add_row(&[j], b);
+        }
+        lp
+    }
+
     /// Bounds alone: every variable at its bound.
     #[test]
     fn bounds_alone_put_every_variable_at_its_bound() {
-        let mut lp = Simplex::new(3, 8);
-        for (j, b) in [2.0, 3.0, 5.0].into_iter().enumerate() {
-            lp.add_row(&[j], b);
-        }
+        let mut lp = bounded(&[2.0, 3.0, 5.0]);
         assert!(close(&lp.solve(None), &[2.0, 3.0, 5.0]));
     }
 
@@ -191,10 +197,7 @@ mod tests {
     /// Σ x = 9 at (3, 1, 5) — the dual simplex from the earlier optimum finds it.
     #[test]
     fn rows_added_later_are_met_by_the_dual_simplex() {
-        let mut lp = Simplex::new(3, 8);
-        for (j, b) in [3.0, 3.0, 5.0].into_iter().enumerate() {
-            lp.add_row(&[j], b);
-        }
+        let mut lp = bounded(&[3.0, 3.0, 5.0]);
         assert!(close(&lp.solve(None), &[3.0, 3.0, 5.0]));
         lp.add_row(&[0, 1], 4.0);
         lp.add_row(&[1, 2], 6.0);
@@ -209,10 +212,7 @@ mod tests {
     /// The fractional optimum of the triangle: pairs ≤ 1 give 1/2 each.
     #[test]
     fn the_triangle_has_its_fractional_optimum() {
-        let mut lp = Simplex::new(3, 8);
-        for j in 0..3 {
-            lp.add_row(&[j], 1.0);
-        }
+        let mut lp = bounded(&[1.0, 1.0, 1.0]);
         lp.solve(None);
         for pair in [[0, 1], [1, 2], [0, 2]] {
             lp.add_row(&pair, 1.0);
