@@ -220,6 +220,54 @@ mod tests {
         assert!(close(&lp.solve(None), &[0.5, 0.5, 0.5]));
     }
 
+    proptest::proptest! {
+        /// The dual simplex from each earlier optimum (rows one by one) and the primal
+        /// simplex from the slack basis (all rows at once) reach feasible points of the same
+        /// objective; the dual's value only falls as rows are added; and no row's variables
+        /// sum above the least right-hand side of a row holding them all.
+        #[test]
+        fn rows_one_by_one_meet_rows_all_at_once(
+            bounds in proptest::collection::vec(0.0f64..100.0, 1..6),
+            rows in proptest::collection::vec((1u32..64, 0.0f64..150.0), 0..12),
+        ) {
+            let n = bounds.len();
+            let vars = |mask: u32| (0..n).filter(|&j| mask >> j & 1 == 1).collect::<Vec<_>>();
+            let rows: Vec<(Vec<usize>, f64)> = rows
+                .into_iter()
+                .map(|(mask, b)| (vars(mask % (1 << n)), b))
+                .filter(|(v, _)| !v.is_empty())
+                .collect();
+            let mut one_by_one = Simplex::new(n, n + rows.len());
+            let mut all_at_once = Simplex::new(n, n + rows.len());
+            for (j, &b) in bounds.iter().enumerate() {
+                one_by_one.add_row(&[j], b);
+                all_at_once.add_row(&[j], b);
+            }
+            let mut value = one_by_one.solve(None).iter().sum::<f64>();
+            for (v, b) in &rows {
+                one_by_one.add_row(v, *b);
+                all_at_once.add_row(v, *b);
+                let next: f64 = one_by_one.solve(None).iter().sum();
+                proptest::prop_assert!(next <= value + 1e-9, "{next} after {value}");
+                value = next;
+            }
+            let x = one_by_one.solve(None);
+            let y = all_at_once.solve(None);
+            let tol = 1e-7;
+            for point in [&x, &y] {
+                for (j, &b) in bounds.iter().enumerate() {
+                    proptest::prop_assert!(point[j] >= 0.0 && point[j] <= b + tol, "{point:?}");
+                }
+                for (v, b) in &rows {
+                    let sum: f64 = v.iter().map(|&j| point[j]).sum();
+                    proptest::prop_assert!(sum <= b + tol, "{point:?} breaks {v:?} ≤ {b}");
+                }
+            }
+            let (sx, sy): (f64, f64) = (x.iter().sum(), y.iter().sum());
+            proptest::prop_assert!((sx - sy).abs() <= tol * (1.0 + sx.abs()), "{sx} vs {sy}");
+        }
+    }
+
     /// Rows beyond the room are dropped, not a panic.
     #[test]
     fn rows_beyond_the_room_are_dropped() {
