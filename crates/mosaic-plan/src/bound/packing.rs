@@ -15,7 +15,7 @@
 //! holds its quota for its whole stage, so modules that cannot fit beside each other at
 //! their fast runs need stages of their own; and with the antichain it sees that a chain's
 //! modules need a stage each. On 16 zoo-shaped modules on 8 GPUs the LP of every antichain was
-//! within 1 % of the best integer stage sequence.
+//! within 1 % of the best integer stage sequence (a one-off SciPy check, README).
 //!
 //! The LP is solved by cutting planes (`simplex.rs`): the most violated stages are found by a
 //! knapsack per stage time T over the modules (a *pricing* step), added as rows, and the LP
