@@ -43,6 +43,7 @@ mod plan;
 mod read;
 pub mod render;
 pub mod sequence;
+pub mod split;
 pub mod stage_eval;
 pub mod synthetic;
 
@@ -157,7 +158,7 @@ impl<'m> Problem<'m> {
 pub enum Search {
     /// The paper's greedy merging (Alg. 1) alone.
     Gahc,
-    /// GAHC, local moves, then the exact search until it proves the optimum or the budget ends.
+    /// GAHC, local moves and re-cuts, then the exact search until it proves the optimum or the budget ends.
     Exact,
     /// As `Exact`, but the exact search only on problems small enough for it to finish (half
     /// the budget left), or on plans within 1 % of the lower bound (a quarter).
@@ -196,7 +197,7 @@ pub const HEURISTIC_LIMITS: Limits = Limits {
 const DEEPEST_NODES: u64 = 256 * 8 * 8 * 8;
 
 /// Plans `model` on `gpus` GPUs within `opts.budget`, anytime: GAHC (§3.4) gives a first plan,
-/// local moves improve it, and the exact search, when it runs, either proves a plan optimal or
+/// local moves, re-cut orders and re-cut pairs of stages improve it, and the exact search, when it runs, either proves a plan optimal or
 /// raises the lower bound. Every phase stops at the deadline with the best valid plan so far;
 /// the plan says what was proven about it ([`Plan::optimal`], [`Plan::lower_bound_ms`]).
 pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, PlanError> {
@@ -233,6 +234,18 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
             }
             nodes *= 8;
             cache.set_limits(limits(nodes));
+        }
+        // Re-cut pairs of stages with what time is left, then solve the chosen stages 8×
+        // deeper still: their allocations were the best a capped StageEval found.
+        let recut = split::improve(&mut cache, stages.clone(), deadline);
+        cache.set_limits(limits(DEEPEST_NODES * 8));
+        let polished: Vec<Rc<StageAlloc>> = recut
+            .into_iter()
+            .map(|s| cache.eval_below(s.set, s.time_ms).unwrap_or(s))
+            .collect();
+        if total_ms(&polished) < total_ms(&stages) * (1.0 - 1e-9) {
+            stages = polished;
+            search = "local";
         }
         // Auto gives the exact search half of what is left where it may finish at all, and a
         // quarter where the plan is already close to the bound, which then prunes almost every

@@ -8,7 +8,10 @@
 use std::time::{Duration, Instant};
 
 use mosaic_plan::synthetic::{random_profiles, zoo_shaped_profiles};
-use mosaic_plan::{solve, stage_eval, stage_eval_within, Limits, Problem, Search, SolveOptions};
+use mosaic_plan::{
+    gahc, solve, split, stage_eval, stage_eval_within, Limits, Plan, Problem, Search, SolveOptions,
+    StageCache,
+};
 use mosaic_profile::{Interference, ModuleSet, PerfModel, ProfileFile};
 use proptest::prelude::*;
 
@@ -93,6 +96,50 @@ proptest! {
         let bound = problem.plan_lower_bound(None);
         prop_assert!(bound <= auto.iteration_ms + slack);
         prop_assert!(bound <= greedy.iteration_ms + slack);
+    }
+
+    /// Re-cutting pairs of stages (on exact StageEval) returns a valid plan no slower than
+    /// GAHC's, in which no two adjacent stages have a faster cut into two: every cut is tried.
+    #[test]
+    fn recut_pairs_leave_no_faster_cut(
+        zoo in any::<bool>(),
+        seed in any::<u64>(),
+        modules in 3usize..=9,
+        gpus in prop_oneof![Just(2u32), Just(4), Just(8)],
+        interference in any::<bool>(),
+    ) {
+        let model = model(zoo, seed, modules, gpus, interference);
+        let problem = Problem::new(&model, gpus).unwrap();
+        let mut cache = StageCache::new(&problem);
+        let far = Instant::now() + Duration::from_secs(600);
+        let start = gahc(&mut cache, far).unwrap();
+        let total = |stages: &[std::rc::Rc<mosaic_plan::StageAlloc>]| {
+            stages.iter().map(|s| s.time_ms).sum::<f64>()
+        };
+        let recut = split::improve(&mut cache, start.clone(), far);
+        prop_assert!(total(&recut) <= total(&start), "{} > {}", total(&recut), total(&start));
+        Plan::new(&model, gpus, &recut, "local", 0.0)
+            .check(&model)
+            .map_err(TestCaseError::fail)?;
+        for pair in recut.windows(2) {
+            let set = pair[0].set.union(pair[1].set);
+            let now = pair[0].time_ms + pair[1].time_ms;
+            let within = |m: usize| model.modules[m].parents.intersect(set);
+            for bits in 1..(1u64 << modules) {
+                let first = ModuleSet(bits);
+                let second = set.minus(first);
+                let valid = first.is_subset(set)
+                    && !second.is_empty()
+                    && first.iter().all(|m| within(m).is_empty())
+                    && second.iter().all(|m| within(m).is_subset(first));
+                if !valid {
+                    continue;
+                }
+                let time = |s| stage_eval(&problem, s, f64::INFINITY).map_or(f64::INFINITY, |a| a.time_ms);
+                let cut = time(first) + time(second);
+                prop_assert!(cut >= now * (1.0 - 1e-9), "{first:?} | {second:?}: {cut} < {now}");
+            }
+        }
     }
 
     /// A capped StageEval's allocation is valid, never faster than the optimum, and a search

@@ -1,0 +1,187 @@
+//! Re-cutting pairs of stages, beyond GAHC: the best split of two adjacent stages' modules
+//! into two stages, found by trying every split.
+//!
+//! The modules of adjacent stages i and i+1 of a valid plan may be cut into any two stages
+//! that keep the dependencies among them: their other producers ran before stage i and their
+//! other consumers run after stage i+1, whatever the cut. A module with a producer among them
+//! must go second and that producer first; every other module may go either way. A local move
+//! (`local.rs`) shifts one module or swaps two; a re-cut moves any number at once, as when the
+//! shallow encoders of a wide fan-in should trade places with the deep ones.
+//!
+//! Pairs are tried in order, each with a share of the time left, while a pass gains. The
+//! splits of a pair are searched depth first, slowest free module first, and a branch ends
+//! as soon as the bounds of its two stages (`Problem::lower_bound`, which only grows as a
+//! stage gains modules) add up to the best time so far; the stages of a whole split are
+//! solved through the cache with cutoffs.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use mosaic_profile::ModuleSet;
+
+use crate::cache::StageCache;
+use crate::stage_eval::StageAlloc;
+
+/// Improves `stages` (a valid plan in execution order) by re-cutting pairs of adjacent
+/// stages until no pair gains or `deadline` passes; returns a valid plan no slower than the
+/// given one.
+pub fn improve(
+    cache: &mut StageCache,
+    mut stages: Vec<Rc<StageAlloc>>,
+    deadline: Instant,
+) -> Vec<Rc<StageAlloc>> {
+    let mut gained = true;
+    while gained {
+        gained = false;
+        let mut i = 0;
+        while i + 1 < stages.len() {
+            let now = Instant::now();
+            if now >= deadline {
+                return stages;
+            }
+            let pairs = (stages.len() - 1 - i) as u32;
+            let share = deadline.saturating_duration_since(now) / pairs;
+            let set = stages[i].set.union(stages[i + 1].set);
+            // Strictly better by more than rounding, so that passes cannot cycle.
+            let upper = (stages[i].time_ms + stages[i + 1].time_ms) * (1.0 - 1e-9);
+            if let Some((first, second)) = best_split(cache, set, upper, now + share) {
+                stages[i] = first;
+                stages[i + 1] = second;
+                gained = true;
+            }
+            i += 1;
+        }
+    }
+    stages
+}
+
+/// The fastest cut of `set` into two non-empty stages, if one is faster than `upper`, found
+/// by `deadline` (else the best found by then).
+fn best_split(
+    cache: &mut StageCache,
+    set: ModuleSet,
+    upper: f64,
+    deadline: Instant,
+) -> Option<(Rc<StageAlloc>, Rc<StageAlloc>)> {
+    let model = cache.problem().model;
+    let producers = |m: usize| model.modules[m].parents.intersect(set);
+    let second = set
+        .iter()
+        .filter(|&m| !producers(m).is_empty())
+        .fold(ModuleSet::EMPTY, |acc, m| acc.union(ModuleSet::single(m)));
+    let first = second
+        .iter()
+        .fold(ModuleSet::EMPTY, |acc, m| acc.union(producers(m)));
+    if !first.intersect(second).is_empty() {
+        return None; // a chain of three modules: no two stages hold it
+    }
+    // The free modules, slowest first: they decide most, so bounds prune early.
+    let mut free: Vec<usize> = set.minus(first).minus(second).iter().collect();
+    let slowest = |m: usize| cache.problem().cands[m].min_time();
+    free.sort_by(|&x, &y| slowest(y).total_cmp(&slowest(x)));
+    let mut search = Splits {
+        cache,
+        free,
+        upper,
+        deadline,
+        best: None,
+        visits: 0,
+    };
+    search.go(0, first, second);
+    search.best
+}
+
+/// A depth-first branch and bound over the free modules, each put first or second.
+struct Splits<'c, 'p> {
+    cache: &'c mut StageCache<'p>,
+    free: Vec<usize>,
+    /// The time to beat: the pair's, then the best split's.
+    upper: f64,
+    deadline: Instant,
+    best: Option<(Rc<StageAlloc>, Rc<StageAlloc>)>,
+    /// Search nodes, to check the deadline every 64.
+    visits: u64,
+}
+
+impl Splits<'_, '_> {
+    /// Places free modules `k..` beside `first` and `second`; false once the deadline passed.
+    fn go(&mut self, k: usize, first: ModuleSet, second: ModuleSet) -> bool {
+        self.visits += 1;
+        if self.visits.is_multiple_of(64) && Instant::now() >= self.deadline {
+            return false;
+        }
+        // A stage of more modules takes no less than its bound (`Problem::lower_bound`).
+        let problem = self.cache.problem();
+        let floor_second = problem.lower_bound(second);
+        if problem.lower_bound(first) + floor_second >= self.upper {
+            return true;
+        }
+        let Some(&m) = self.free.get(k) else {
+            if first.is_empty() || second.is_empty() {
+                return true;
+            }
+            if let Some(a) = self.cache.eval_below(first, self.upper - floor_second) {
+                if let Some(b) = self.cache.eval_below(second, self.upper - a.time_ms) {
+                    self.upper = a.time_ms + b.time_ms;
+                    self.best = Some((a, b));
+                }
+            }
+            return true;
+        };
+        let one = ModuleSet::single(m);
+        self.go(k + 1, first.union(one), second) && self.go(k + 1, first, second.union(one))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Problem;
+    use mosaic_profile::{parse, PerfModel};
+
+    /// One GPU; `a` and `b` have no producers, `c` consumes `a`. Each takes 10/40/40 ms at
+    /// half the GPU and 8/30/30 ms on all of it, so `b` beside `c` (8 + 40) beats `b` beside
+    /// `a` (40 + 30).
+    #[test]
+    fn a_pair_is_recut_at_its_best_split() {
+        let module = |name: &str, after: &str, half: f64, whole: f64| {
+            let sample = |sm: f64, t: f64| {
+                format!(
+                    r#"{{"dp": 1, "sm": {sm}, "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}}"#
+                )
+            };
+            format!(
+                r#"{{"name": "{name}", "after": [{after}], "samples": [{}, {}]}}"#,
+                sample(0.5, half),
+                sample(1.0, whole)
+            )
+        };
+        let text = format!(
+            r#"{{"format": "mosaic-profiles/1",
+                "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
+                "modules": [{}, {}, {}],
+                "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
+            module("a", "", 10.0, 8.0),
+            module("b", "", 40.0, 30.0),
+            module("c", r#""a""#, 40.0, 30.0),
+        );
+        let model = PerfModel::new(&parse(&text, "x.json").unwrap(), 0.5, "x.json").unwrap();
+        let problem = Problem::new(&model, 1).unwrap();
+        let mut cache = StageCache::new(&problem);
+        let set = |names: &[&str]| {
+            names.iter().fold(ModuleSet::EMPTY, |acc, n| {
+                acc.union(ModuleSet::single(model.index_of(n).unwrap()))
+            })
+        };
+        let given = vec![
+            cache.eval(set(&["a", "b"])).unwrap(),
+            cache.eval(set(&["c"])).unwrap(),
+        ];
+        assert_eq!(given[0].time_ms + given[1].time_ms, 70.0);
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let recut = improve(&mut cache, given, far);
+        assert_eq!(recut[0].set, set(&["a"]));
+        assert_eq!(recut[1].set, set(&["b", "c"]));
+        assert_eq!(recut[0].time_ms + recut[1].time_ms, 48.0);
+    }
+}
