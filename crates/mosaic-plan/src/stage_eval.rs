@@ -174,6 +174,11 @@ struct Search<'p> {
     order: Vec<usize>,
     inter: Interference,
     classes: Vec<Class>,
+    /// Per position, [`Search::need_after`] it, for the `best` of `need_best`.
+    need: Vec<Option<(u64, f64)>>,
+    need_best: f64,
+    /// Classes as they were before the placements being tried, to restore them.
+    undo: Vec<(usize, Class)>,
     free_units_total: u64,
     free_mem_total: f64,
     /// Current partial assignment, by position.
@@ -200,7 +205,7 @@ impl<'p> Search<'p> {
     fn new(problem: &'p Problem<'p>, order: Vec<usize>, cutoff: f64, limits: Limits) -> Self {
         let units = problem.model.units_per_gpu;
         let mem = problem.model.device.memory_gib;
-        let room_after = (0..order.len())
+        let room_after: Vec<(u32, f64)> = (0..order.len())
             .map(|p| {
                 order[p + 1..]
                     .iter()
@@ -218,6 +223,9 @@ impl<'p> Search<'p> {
             order,
             inter: problem.model.interference,
             classes: vec![Self::empty_class(problem)],
+            undo: Vec::new(),
+            need: vec![None; room_after.len()],
+            need_best: f64::NAN,
             free_units_total: units as u64 * problem.gpus as u64,
             free_mem_total: mem * problem.gpus as f64,
             chosen: Vec::new(),
@@ -247,15 +255,11 @@ impl<'p> Search<'p> {
         &self.problem.cands[self.order[pos]].list[idx]
     }
 
-    /// Rectified time per position of the picks `sol` on the pool `classes`, with Δ exact
-    /// (`closed`) or as the lower bound of [`Class::delta`]; positions not picked get 0.
-    fn times(
-        &self,
-        classes: &[Class],
-        sol: &Solution,
-        closed: impl Fn(&Class) -> bool,
-    ) -> Vec<f64> {
-        let mut worst = vec![0.0f64; self.order.len()];
+    /// The slowest rectified time among the picks `sol` on the pool `classes`, with Δ exact
+    /// (`closed`) or as the lower bound of [`Class::delta`] (0 with no picks).
+    fn slowest(&self, classes: &[Class], sol: &Solution, closed: impl Fn(&Class) -> bool) -> f64 {
+        // Positions are module indices of a `ModuleSet`, so fewer than 64.
+        let mut worst = [0.0f64; 64];
         for c in classes {
             let d = c.delta(&self.inter, closed(c));
             let mut bits = c.mask;
@@ -265,11 +269,9 @@ impl<'p> Search<'p> {
                 worst[p] = worst[p].max(d);
             }
         }
-        let mut out = vec![0.0; self.order.len()];
-        for (pos, idx, _) in sol {
-            out[*pos] = self.cand(*pos, *idx).time_ms * (1.0 + worst[*pos]);
-        }
-        out
+        sol.iter()
+            .map(|(pos, idx, _)| self.cand(*pos, *idx).time_ms * (1.0 + worst[*pos]))
+            .fold(0.0, f64::max)
     }
 
     /// Threshold packing: for increasing target times, give each module its smallest-area
@@ -301,10 +303,7 @@ impl<'p> Search<'p> {
             }
             if let Some((classes, sol)) = self.pack(tau) {
                 tries += 1;
-                let t = self
-                    .times(&classes, &sol, |_| true)
-                    .into_iter()
-                    .fold(0.0, f64::max);
+                let t = self.slowest(&classes, &sol, |_| true);
                 if best.as_ref().is_none_or(|(b, _)| t < *b) {
                     best = Some((t, sol));
                 }
@@ -361,10 +360,7 @@ impl<'p> Search<'p> {
             return;
         }
         if pos == self.order.len() {
-            let t = self
-                .times(&self.classes, &self.chosen, |_| true)
-                .into_iter()
-                .fold(0.0, f64::max);
+            let t = self.slowest(&self.classes, &self.chosen, |_| true);
             if t < self.best {
                 self.best = t;
                 self.best_sol = Some(self.chosen.clone());
@@ -372,20 +368,14 @@ impl<'p> Search<'p> {
             return;
         }
         // What the modules after this one need at least, with candidates faster than `best`.
-        let (mut need_units, mut need_mem) = (0u64, 0.0);
-        for &m in &self.order[pos + 1..] {
-            match self.problem.cands[m].min_need_below(self.best) {
-                Some((a, mem)) => {
-                    need_units += a as u64;
-                    need_mem += mem;
-                }
-                None => return,
-            }
-        }
+        let Some((need_units, need_mem)) = self.need_after(pos + 1) else {
+            return;
+        };
         let module = self.order[pos];
         let mut idx = 0;
-        // `best` may fall while we iterate: re-check the prefix bound each time.
-        while idx < self.problem.cands[module].count_below(self.best) && !self.stopped {
+        // `best` may fall while we iterate: the prefix of candidates below it then shrinks.
+        let (mut below, mut count) = (self.best, self.problem.cands[module].count_below(self.best));
+        while idx < count && !self.stopped {
             let c = *self.cand(pos, idx);
             if c.area as u64 + need_units <= self.free_units_total
                 && c.dp as f64 * c.mem_gib + need_mem <= self.free_mem_total + MEM_EPS
@@ -393,7 +383,29 @@ impl<'p> Search<'p> {
                 self.place_all_ways(pos, idx, &c);
             }
             idx += 1;
+            if self.best != below {
+                below = self.best;
+                count = self.problem.cands[module].count_below(below);
+            }
         }
+    }
+
+    /// The least quota units and memory the modules from position `from` on need together
+    /// with candidates faster than `best`; `None` when one has none. Recomputed for every
+    /// position only when `best` has changed.
+    fn need_after(&mut self, from: usize) -> Option<(u64, f64)> {
+        if self.need_best != self.best {
+            self.need_best = self.best;
+            let mut sum = Some((0u64, 0.0f64));
+            for p in (0..self.order.len()).rev() {
+                sum = sum.and_then(|(units, mem)| {
+                    let (a, m) = self.problem.cands[self.order[p]].min_need_below(self.best)?;
+                    Some((units + a as u64, mem + m))
+                });
+                self.need[p] = sum;
+            }
+        }
+        self.need.get(from).copied().unwrap_or(Some((0, 0.0)))
     }
 
     /// Tries the splits of candidate `idx` of position `pos` over the classes with room: all
@@ -468,7 +480,15 @@ impl<'p> Search<'p> {
         if self.out_of_limits() {
             return;
         }
-        let saved = self.classes.clone();
+        // `apply` rewrites the classes of `split` and appends new ones: keep the old ones on
+        // the undo stack, and the length, rather than copying the pool.
+        let len = self.classes.len();
+        let undo = self.undo.len();
+        for &(k, n) in split {
+            if n > 0 {
+                self.undo.push((k, self.classes[k]));
+            }
+        }
         let parts = apply(&mut self.classes, split, pos, c);
         self.free_units_total -= c.area as u64;
         self.free_mem_total -= c.dp as f64 * c.mem_gib;
@@ -479,7 +499,10 @@ impl<'p> Search<'p> {
         self.chosen.pop();
         self.free_units_total += c.area as u64;
         self.free_mem_total += c.dp as f64 * c.mem_gib;
-        self.classes = saved;
+        self.classes.truncate(len);
+        for (k, old) in self.undo.drain(undo..) {
+            self.classes[k] = old;
+        }
     }
 
     /// A lower bound on the stage time of any completion of the first `pos + 1` placements.
@@ -489,11 +512,9 @@ impl<'p> Search<'p> {
     /// *closed*: no later module has a candidate small enough to join it.
     fn bound(&self, pos: usize) -> f64 {
         let (min_units, min_mem) = self.room_after[pos];
-        self.times(&self.classes, &self.chosen, |c| {
+        self.slowest(&self.classes, &self.chosen, |c| {
             c.free_units < min_units || c.free_mem + MEM_EPS < min_mem
         })
-        .into_iter()
-        .fold(0.0, f64::max)
     }
 
     /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
