@@ -197,7 +197,7 @@ pub const HEURISTIC_LIMITS: Limits = Limits {
 const DEEPEST_NODES: u64 = 256 * 8 * 8 * 8;
 
 /// Plans `model` on `gpus` GPUs within `opts.budget`, anytime: GAHC (§3.4) gives a first plan,
-/// local moves, re-cut orders and re-cut pairs of stages improve it, and the exact search, when it runs, either proves a plan optimal or
+/// local moves and re-cuts of orders and of adjacent stages improve it, and the exact search, when it runs, either proves a plan optimal or
 /// raises the lower bound. Every phase stops at the deadline with the best valid plan so far;
 /// the plan says what was proven about it ([`Plan::optimal`], [`Plan::lower_bound_ms`]).
 pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, PlanError> {
@@ -219,24 +219,27 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     if opts.search != Search::Gahc {
         // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a
         // pass gains and time is left.
+        // They stop at three quarters of the budget, so that the re-cuts below get time.
+        let moves_deadline = start + deadline.saturating_duration_since(start) * 3 / 4;
         let mut nodes = HEURISTIC_LIMITS.nodes;
         loop {
             let before = total_ms(&stages);
-            let moved = local::improve(&mut cache, stages.clone(), deadline);
-            let improved = sequence::improve(&mut cache, moved, deadline);
+            let moved = local::improve(&mut cache, stages.clone(), moves_deadline);
+            let improved = sequence::improve(&mut cache, moved, moves_deadline);
             let gained = total_ms(&improved) < before * (1.0 - 1e-9);
             if gained {
                 stages = improved;
                 search = "local";
             }
-            if !gained || nodes >= DEEPEST_NODES || Instant::now() >= deadline {
+            if !gained || nodes >= DEEPEST_NODES || Instant::now() >= moves_deadline {
                 break;
             }
             nodes *= 8;
             cache.set_limits(limits(nodes));
         }
-        // Re-cut pairs of stages with what time is left, then solve the chosen stages 8×
-        // deeper still: their allocations were the best a capped StageEval found.
+        // Re-cut two or three adjacent stages into two with what time is left, then solve the
+        // chosen stages 8× deeper still: their allocations were the best a capped StageEval
+        // found.
         let recut = split::improve(&mut cache, stages.clone(), deadline);
         cache.set_limits(limits(DEEPEST_NODES * 8));
         let polished: Vec<Rc<StageAlloc>> = recut

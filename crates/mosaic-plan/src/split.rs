@@ -1,18 +1,20 @@
-//! Re-cutting pairs of stages, beyond GAHC: the best split of two adjacent stages' modules
-//! into two stages, found by trying every split.
+//! Re-cutting adjacent stages into two, beyond GAHC: the best split of the modules of two or
+//! three adjacent stages into two stages, found by trying every split.
 //!
-//! The modules of adjacent stages i and i+1 of a valid plan may be cut into any two stages
-//! that keep the dependencies among them: their other producers ran before stage i and their
-//! other consumers run after stage i+1, whatever the cut. A module with a producer among them
-//! must go second and that producer first; every other module may go either way. A local move
-//! (`local.rs`) shifts one module or swaps two; a re-cut moves any number at once, as when the
-//! shallow encoders of a wide fan-in should trade places with the deep ones.
+//! The modules of adjacent stages i..j of a valid plan may be cut into any stages that keep
+//! the dependencies among them: their other producers ran before stage i and their other
+//! consumers run after stage j, whatever the cut. Into two stages: a module with a producer
+//! among them goes second and that producer first (a chain of three has no such cut); every
+//! other module may go either way. A local move (`local.rs`) shifts one module or swaps two;
+//! a re-cut moves any number at once, as when the shallow encoders of a wide fan-in should
+//! trade places with the deep ones, or three stages of encoders fit in two.
 //!
-//! Pairs are tried in order, each with a share of the time left, while a pass gains. The
-//! splits of a pair are searched depth first, slowest free module first, and a branch ends
+//! Windows are tried in order, each with a share of the time left, while a pass gains. The
+//! splits of a window are searched depth first, slowest free module first, and a branch ends
 //! as soon as the bounds of its two stages (`Problem::lower_bound`, which only grows as a
 //! stage gains modules) add up to the best time so far; the stages of a whole split are
-//! solved through the cache with cutoffs.
+//! solved through the cache with cutoffs. Windows of four stages gained nothing over three on
+//! the zoo-shaped models of 24 and 32 modules (README, "Measured").
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -22,9 +24,9 @@ use mosaic_profile::ModuleSet;
 use crate::cache::StageCache;
 use crate::stage_eval::StageAlloc;
 
-/// Improves `stages` (a valid plan in execution order) by re-cutting pairs of adjacent
-/// stages until no pair gains or `deadline` passes; returns a valid plan no slower than the
-/// given one.
+/// Improves `stages` (a valid plan in execution order) by re-cutting runs of two to
+/// [`WIDEST`] adjacent stages into two, until none gains or `deadline` passes; returns a valid
+/// plan no slower than the given one.
 pub fn improve(
     cache: &mut StageCache,
     mut stages: Vec<Rc<StageAlloc>>,
@@ -35,25 +37,34 @@ pub fn improve(
         gained = false;
         let mut i = 0;
         while i + 1 < stages.len() {
-            let now = Instant::now();
-            if now >= deadline {
-                return stages;
-            }
-            let pairs = (stages.len() - 1 - i) as u32;
-            let share = deadline.saturating_duration_since(now) / pairs;
-            let set = stages[i].set.union(stages[i + 1].set);
-            // Strictly better by more than rounding, so that passes cannot cycle.
-            let upper = (stages[i].time_ms + stages[i + 1].time_ms) * (1.0 - 1e-9);
-            if let Some((first, second)) = best_split(cache, set, upper, now + share) {
-                stages[i] = first;
-                stages[i + 1] = second;
-                gained = true;
+            for width in 2..=WIDEST.min(stages.len() - i) {
+                let now = Instant::now();
+                if now >= deadline {
+                    return stages;
+                }
+                // Windows left in this pass, about: a share of the time for each.
+                let left = ((stages.len() - 1 - i) * (WIDEST - 1)) as u32;
+                let share = deadline.saturating_duration_since(now) / left.max(1);
+                let window = &stages[i..i + width];
+                let set = window
+                    .iter()
+                    .fold(ModuleSet::EMPTY, |acc, s| acc.union(s.set));
+                // Strictly better by more than rounding, so that passes cannot cycle.
+                let upper = window.iter().map(|s| s.time_ms).sum::<f64>() * (1.0 - 1e-9);
+                if let Some((first, second)) = best_split(cache, set, upper, now + share) {
+                    stages.splice(i..i + width, [first, second]);
+                    gained = true;
+                    break;
+                }
             }
             i += 1;
         }
     }
     stages
 }
+
+/// The most adjacent stages re-cut into two at once.
+pub const WIDEST: usize = 3;
 
 /// The fastest cut of `set` into two non-empty stages, if one is faster than `upper`, found
 /// by `deadline` (else the best found by then).
