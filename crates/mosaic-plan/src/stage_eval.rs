@@ -168,12 +168,17 @@ type Pick = (usize, usize, Vec<(u64, u32)>);
 /// A full allocation, in the order its picks were made.
 type Solution = Vec<Pick>;
 
+/// Classes with room (indices), their GPU counts, and a split (class, replicas).
+type Buffers = (Vec<usize>, Vec<u32>, Vec<(usize, u32)>);
+
 struct Search<'p> {
     problem: &'p Problem<'p>,
     /// Module index at each search position.
     order: Vec<usize>,
     inter: Interference,
     classes: Vec<Class>,
+    /// Per position, reusable buffers for the classes with room, their sizes and a split.
+    buffers: Vec<Buffers>,
     /// Per position, [`Search::need_after`] it, for the `best` of `need_best`.
     need: Vec<Option<(u64, f64)>>,
     need_best: f64,
@@ -225,6 +230,7 @@ impl<'p> Search<'p> {
             classes: vec![Self::empty_class(problem)],
             undo: Vec::new(),
             need: vec![None; room_after.len()],
+            buffers: vec![Buffers::default(); room_after.len()],
             need_best: f64::NAN,
             free_units_total: units as u64 * problem.gpus as u64,
             free_mem_total: mem * problem.gpus as f64,
@@ -411,35 +417,36 @@ impl<'p> Search<'p> {
     /// Tries the splits of candidate `idx` of position `pos` over the classes with room: all
     /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
-        let fit = eligible(&self.classes, c);
-        if fit
-            .iter()
-            .map(|&k| self.classes[k].count as u64)
-            .sum::<u64>()
-            < c.dp as u64
+        // This position's buffers: deeper positions use their own while these are out.
+        let (mut fit, mut counts, mut split) = std::mem::take(&mut self.buffers[pos]);
+        eligible_into(&self.classes, c, &mut fit);
+        counts.clear();
+        counts.extend(fit.iter().map(|&k| self.classes[k].count));
+        if counts.iter().map(|&n| n as u64).sum::<u64>() < c.dp as u64 {
+            // Too few GPUs with room.
+        } else if self.limits.splits == u64::MAX
+            || splits(&counts, c.dp, self.limits.splits) <= self.limits.splits
         {
-            return;
-        }
-        let counts: Vec<u32> = fit.iter().map(|&k| self.classes[k].count).collect();
-        if splits(&counts, c.dp, self.limits.splits) <= self.limits.splits {
-            let mut split = Vec::with_capacity(fit.len());
+            split.clear();
             self.compose(pos, idx, c, &fit, &mut split, c.dp);
-            return;
+        } else {
+            self.complete = false;
+            let emptiest = fill(&self.classes, &fit, c.dp);
+            let mut tight = fit.clone();
+            tight.sort_by_key(|&k| {
+                (
+                    self.classes[k].free_units,
+                    std::cmp::Reverse(self.classes[k].mask.count_ones()),
+                    self.classes[k].mask,
+                )
+            });
+            let fullest =
+                fill(&self.classes, &tight, c.dp).filter(|f| Some(f) != emptiest.as_ref());
+            for split in [emptiest, fullest].into_iter().flatten() {
+                self.descend(pos, idx, c, &split);
+            }
         }
-        self.complete = false;
-        let emptiest = fill(&self.classes, &fit, c.dp);
-        let mut tight = fit.clone();
-        tight.sort_by_key(|&k| {
-            (
-                self.classes[k].free_units,
-                std::cmp::Reverse(self.classes[k].mask.count_ones()),
-                self.classes[k].mask,
-            )
-        });
-        let fullest = fill(&self.classes, &tight, c.dp).filter(|f| Some(f) != emptiest.as_ref());
-        for split in [emptiest, fullest].into_iter().flatten() {
-            self.descend(pos, idx, c, &split);
-        }
+        self.buffers[pos] = (fit, counts, split);
     }
 
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
@@ -454,8 +461,7 @@ impl<'p> Search<'p> {
         left: u32,
     ) {
         if left == 0 {
-            let chosen = split.clone();
-            self.descend(pos, idx, c, &chosen);
+            self.descend(pos, idx, c, split);
             return;
         }
         let k = split.len();
@@ -573,9 +579,17 @@ impl<'p> Search<'p> {
 /// The classes with a GPU that has room for one replica of `c`, emptiest first (fewest hosted
 /// modules, then most free quota): less interference, so good incumbents come early.
 fn eligible(classes: &[Class], c: &Candidate) -> Vec<usize> {
-    let mut fit: Vec<usize> = (0..classes.len())
-        .filter(|&k| classes[k].free_units >= c.units && classes[k].free_mem + MEM_EPS >= c.mem_gib)
-        .collect();
+    let mut fit = Vec::new();
+    eligible_into(classes, c, &mut fit);
+    fit
+}
+
+/// [`eligible`], written into `fit`.
+fn eligible_into(classes: &[Class], c: &Candidate, fit: &mut Vec<usize>) {
+    fit.clear();
+    fit.extend((0..classes.len()).filter(|&k| {
+        classes[k].free_units >= c.units && classes[k].free_mem + MEM_EPS >= c.mem_gib
+    }));
     fit.sort_by_key(|&k| {
         (
             classes[k].mask.count_ones(),
@@ -583,7 +597,6 @@ fn eligible(classes: &[Class], c: &Candidate) -> Vec<usize> {
             classes[k].mask,
         )
     });
-    fit
 }
 
 /// Takes `dp` replicas from the classes `order` in that order, as many as each holds; `None`
@@ -647,9 +660,9 @@ fn splits(counts: &[u32], dp: u32, cap: u64) -> u64 {
     let limit = cap.saturating_add(1);
     let mut ways = vec![0u64; dp + 1];
     ways[0] = 1;
+    let mut prefix = vec![0u64; dp + 2];
     for &n in counts {
         let n = n as usize;
-        let mut prefix = vec![0u64; dp + 2];
         for s in 0..=dp {
             prefix[s + 1] = prefix[s].saturating_add(ways[s]);
         }
