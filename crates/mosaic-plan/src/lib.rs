@@ -160,8 +160,8 @@ pub enum Search {
     Gahc,
     /// GAHC, local moves and re-cuts, then the exact search until it proves the optimum or the budget ends.
     Exact,
-    /// As `Exact`, but the exact search only on problems small enough for it to finish (half
-    /// the budget left), or on plans within 1 % of the lower bound (a quarter).
+    /// As `Exact`, but the exact search gets half of the budget left on problems small enough
+    /// for it to finish, a quarter on others, and none once a plan meets the lower bound.
     #[default]
     Auto,
 }
@@ -251,8 +251,9 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
             search = "local";
         }
         // Auto gives the exact search half of what is left where it may finish at all, and a
-        // quarter where the plan is already close to the bound, which then prunes almost every
-        // down-set however wide the DAG.
+        // quarter wherever the plan is not yet proven: on long chains the bound is often tight
+        // and the search, pruning with it, proves a far better plan in a few hundred ms
+        // (random 64 modules × 1,024 GPUs, seed 1: 504.9 → 409.9 ms, proven, in 183 ms).
         let left = |share: u32| {
             let now = Instant::now();
             Some(now + deadline.saturating_duration_since(now) / share)
@@ -261,7 +262,7 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
         let proof_deadline = match opts.search {
             Search::Exact => Some(deadline),
             _ if exact_may_finish(&problem) => left(2),
-            _ if gap > 1e-9 && gap <= CLOSE_GAP => left(4),
+            _ if gap > 1e-9 => left(4),
             _ => None,
         };
         if let Some(proof_deadline) = proof_deadline {
@@ -311,10 +312,6 @@ fn exact_may_finish(problem: &Problem) -> bool {
     exact::steps(problem.model, EXACT_MAX_STEPS) <= EXACT_MAX_STEPS
 }
 
-/// The gap to the lower bound within which the auto search tries to prove a plan optimal
-/// whatever the DAG's width: zoo-shaped models of 24 modules on 1,024 GPUs end GAHC and the
-/// local passes 0.1 % above the bound, and the exact search proves them in 9–1,900 ms.
-const CLOSE_GAP: f64 = 0.01;
 
 /// The most A* steps (down-set, next stage) the auto search tries to prove optimal over.
 const EXACT_MAX_STEPS: u64 = 50_000;
