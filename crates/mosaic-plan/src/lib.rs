@@ -312,6 +312,5 @@ fn exact_may_finish(problem: &Problem) -> bool {
     exact::steps(problem.model, EXACT_MAX_STEPS) <= EXACT_MAX_STEPS
 }
 
-
 /// The most A* steps (down-set, next stage) the auto search tries to prove optimal over.
 const EXACT_MAX_STEPS: u64 = 50_000;
