@@ -161,12 +161,40 @@ impl Class {
     }
 }
 
-/// One module's share of an allocation: its search position, candidate index, and how many
-/// replicas went to the GPUs hosting each set of earlier positions.
-type Pick = (usize, usize, Vec<(u64, u32)>);
+/// A full (or, while searching, partial) allocation, in the order its picks were made.
+#[derive(Debug, Clone, Default)]
+struct Solution {
+    /// Per pick: the module's search position, its candidate index, and the range of `parts`
+    /// that says where its replicas went.
+    picks: Vec<(usize, usize, std::ops::Range<usize>)>,
+    /// How many replicas went to the GPUs hosting each set of earlier positions, all picks'
+    /// in one list.
+    parts: Vec<(u64, u32)>,
+}
 
-/// A full allocation, in the order its picks were made.
-type Solution = Vec<Pick>;
+impl Solution {
+    /// Adds the pick of candidate `idx` for position `pos`, placed as `split` says on
+    /// `classes` (which it updates).
+    fn push(
+        &mut self,
+        classes: &mut Vec<Class>,
+        split: &[(usize, u32)],
+        pos: usize,
+        idx: usize,
+        c: &Candidate,
+    ) {
+        let start = self.parts.len();
+        apply(classes, split, pos, c, &mut self.parts);
+        self.picks.push((pos, idx, start..self.parts.len()));
+    }
+
+    /// Removes the last pick (the classes are restored by the caller).
+    fn pop(&mut self) {
+        if let Some((_, _, range)) = self.picks.pop() {
+            self.parts.truncate(range.start);
+        }
+    }
+}
 
 /// Classes with room (indices), their GPU counts, and a split (class, replicas).
 type Buffers = (Vec<usize>, Vec<u32>, Vec<(usize, u32)>);
@@ -234,7 +262,7 @@ impl<'p> Search<'p> {
             need_best: f64::NAN,
             free_units_total: units as u64 * problem.gpus as u64,
             free_mem_total: mem * problem.gpus as f64,
-            chosen: Vec::new(),
+            chosen: Solution::default(),
             room_after,
             best: cutoff,
             best_sol: None,
@@ -275,7 +303,8 @@ impl<'p> Search<'p> {
                 worst[p] = worst[p].max(d);
             }
         }
-        sol.iter()
+        sol.picks
+            .iter()
             .map(|(pos, idx, _)| self.cand(*pos, *idx).time_ms * (1.0 + worst[*pos]))
             .fold(0.0, f64::max)
     }
@@ -335,13 +364,12 @@ impl<'p> Search<'p> {
         }
         picks.sort_by_key(|&(pos, idx)| std::cmp::Reverse(self.cand(pos, idx).area));
         let mut classes = vec![Self::empty_class(self.problem)];
-        let mut sol = Solution::new();
+        let mut sol = Solution::default();
         for (pos, idx) in picks {
             let c = self.cand(pos, idx);
             let fit = eligible(&classes, c);
             let split = fill(&classes, &fit, c.dp)?;
-            let parts = apply(&mut classes, &split, pos, c);
-            sol.push((pos, idx, parts));
+            sol.push(&mut classes, &split, pos, idx, c);
         }
         Some((classes, sol))
     }
@@ -495,10 +523,9 @@ impl<'p> Search<'p> {
                 self.undo.push((k, self.classes[k]));
             }
         }
-        let parts = apply(&mut self.classes, split, pos, c);
+        self.chosen.push(&mut self.classes, split, pos, idx, c);
         self.free_units_total -= c.area as u64;
         self.free_mem_total -= c.dp as f64 * c.mem_gib;
-        self.chosen.push((pos, idx, parts));
         if self.bound(pos) < self.best {
             self.dfs(pos + 1);
         }
@@ -528,10 +555,10 @@ impl<'p> Search<'p> {
     fn finish(&self, set: ModuleSet, sol: &Solution) -> StageAlloc {
         let g = self.problem.gpus as usize;
         let mut hosted = vec![0u64; g];
-        let mut placed: Vec<(usize, usize, Vec<u32>)> = Vec::with_capacity(sol.len());
-        for (pos, idx, parts) in sol {
+        let mut placed: Vec<(usize, usize, Vec<u32>)> = Vec::with_capacity(sol.picks.len());
+        for (pos, idx, range) in &sol.picks {
             let mut gpus = Vec::with_capacity(self.cand(*pos, *idx).dp as usize);
-            for &(mask, n) in parts {
+            for &(mask, n) in &sol.parts[range.clone()] {
                 let before = gpus.len();
                 for (x, h) in hosted.iter_mut().enumerate() {
                     if gpus.len() - before == n as usize {
@@ -616,15 +643,15 @@ fn fill(classes: &[Class], order: &[usize], dp: u32) -> Option<Vec<(usize, u32)>
 }
 
 /// Puts `n` replicas of `c` (position `pos`) on class `k` for each `(k, n)` of `split`: the
-/// class gives up `n` GPUs to a new class that also hosts `pos`. Returns the split as
-/// (hosted set before, replicas), for [`Search::finish`].
+/// class gives up `n` GPUs to a new class that also hosts `pos`. Appends the split to `parts`
+/// as (hosted set before, replicas), for [`Search::finish`].
 fn apply(
     classes: &mut Vec<Class>,
     split: &[(usize, u32)],
     pos: usize,
     c: &Candidate,
-) -> Vec<(u64, u32)> {
-    let mut parts = Vec::with_capacity(split.len());
+    parts: &mut Vec<(u64, u32)>,
+) {
     for &(k, n) in split {
         if n == 0 {
             continue;
@@ -646,7 +673,6 @@ fn apply(
             classes.push(new);
         }
     }
-    parts
 }
 
 /// The number of ways to put `dp` replicas on classes of the given sizes (at most one per
