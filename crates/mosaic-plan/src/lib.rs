@@ -158,7 +158,8 @@ impl<'m> Problem<'m> {
 pub enum Search {
     /// The paper's greedy merging (Alg. 1) alone.
     Gahc,
-    /// GAHC, local moves and re-cuts, then the exact search until it proves the optimum or the budget ends.
+    /// GAHC, local moves and re-cuts, then the exact search until it proves the optimum or the
+    /// budget ends.
     Exact,
     /// As `Exact`, but the exact search gets half of the budget left on problems small enough
     /// for it to finish, a quarter on others, and none once a plan meets the lower bound.
@@ -197,8 +198,8 @@ pub const HEURISTIC_LIMITS: Limits = Limits {
 const DEEPEST_NODES: u64 = 256 * 8 * 8 * 8;
 
 /// Plans `model` on `gpus` GPUs within `opts.budget`, anytime: GAHC (§3.4) gives a first plan,
-/// local moves and re-cuts of orders and of adjacent stages improve it, and the exact search, when it runs, either proves a plan optimal or
-/// raises the lower bound. Every phase stops at the deadline with the best valid plan so far;
+/// local moves and re-cuts of orders and of adjacent stages improve it, and the exact search,
+/// when it runs, either proves a plan optimal or raises the lower bound. Every phase stops at the deadline with the best valid plan so far;
 /// the plan says what was proven about it ([`Plan::optimal`], [`Plan::lower_bound_ms`]).
 pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, PlanError> {
     let start = Instant::now();

@@ -98,7 +98,9 @@ fn best_split(
         best: None,
         visits: 0,
     };
-    search.go(0, first, second);
+    let problem = search.cache.problem();
+    let floors = (problem.lower_bound(first), problem.lower_bound(second));
+    search.go(0, first, second, floors);
     search.best
 }
 
@@ -115,23 +117,22 @@ struct Splits<'c, 'p> {
 }
 
 impl Splits<'_, '_> {
-    /// Places free modules `k..` beside `first` and `second`; false once the deadline passed.
-    fn go(&mut self, k: usize, first: ModuleSet, second: ModuleSet) -> bool {
+    /// Places free modules `k..` beside `first` and `second`, whose bounds
+    /// (`Problem::lower_bound`, which only grows as a stage gains modules) are `floors`; false
+    /// once the deadline passed.
+    fn go(&mut self, k: usize, first: ModuleSet, second: ModuleSet, floors: (f64, f64)) -> bool {
         self.visits += 1;
         if self.visits.is_multiple_of(64) && Instant::now() >= self.deadline {
             return false;
         }
-        // A stage of more modules takes no less than its bound (`Problem::lower_bound`).
-        let problem = self.cache.problem();
-        let floor_second = problem.lower_bound(second);
-        if problem.lower_bound(first) + floor_second >= self.upper {
+        if floors.0 + floors.1 >= self.upper {
             return true;
         }
         let Some(&m) = self.free.get(k) else {
             if first.is_empty() || second.is_empty() {
                 return true;
             }
-            if let Some(a) = self.cache.eval_below(first, self.upper - floor_second) {
+            if let Some(a) = self.cache.eval_below(first, self.upper - floors.1) {
                 if let Some(b) = self.cache.eval_below(second, self.upper - a.time_ms) {
                     self.upper = a.time_ms + b.time_ms;
                     self.best = Some((a, b));
@@ -139,8 +140,21 @@ impl Splits<'_, '_> {
             }
             return true;
         };
+        // Each branch changes one stage: only its bound is new.
+        let problem = self.cache.problem();
         let one = ModuleSet::single(m);
-        self.go(k + 1, first.union(one), second) && self.go(k + 1, first, second.union(one))
+        let (more_first, more_second) = (first.union(one), second.union(one));
+        self.go(
+            k + 1,
+            more_first,
+            second,
+            (problem.lower_bound(more_first), floors.1),
+        ) && self.go(
+            k + 1,
+            first,
+            more_second,
+            (floors.0, problem.lower_bound(more_second)),
+        )
     }
 }
 
