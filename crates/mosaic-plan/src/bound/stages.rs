@@ -1,16 +1,17 @@
-//! The stage-sequence relaxation: the least iteration time of a group of modules when each runs
-//! at its fastest time and a stage holds any number of them (no SM capacity), a stage lasting
-//! as long as its slowest module.
+//! The stage-sequence relaxation: the least total of a group's stages when each module has a
+//! weight (its fastest time, or a Lagrangian weight of the bound's module docs), a stage holds
+//! any number of them (no SM capacity) and costs its heaviest module.
 //!
-//! Every plan is such a sequence with modules no faster, so its time bounds the plan's from
-//! below. Where the Lagrangian bound sees one critical path, this sees that modules at
-//! different depths add stages: a one-module encoder of 80 ms beside a 20 → 27 ms chain costs
-//! 100 ms at least (the chain's first stage beside it, or its second), not 80.
+//! At the fastest times, every plan is such a sequence with modules no faster, so its time
+//! bounds the plan's from below. Where the Lagrangian bound sees one critical path, this sees
+//! that modules at different depths add stages: a one-module encoder of 80 ms beside a
+//! 20 → 27 ms chain costs 100 ms at least (the chain's first stage beside it, or its second),
+//! not 80.
 //!
 //! Some optimal sequence puts into each stage every module it may run (all producers done)
-//! that is no slower than the stage: moving such a module there from a later stage lengthens
-//! nothing and frees its consumers sooner. So a stage is fixed by its slowest module's time,
-//! and a dynamic programme over the modules left tries, per stage, each time among the
+//! that is no heavier than the stage: moving such a module there from a later stage costs
+//! nothing more and frees its consumers sooner. So a stage is fixed by its heaviest module,
+//! and a dynamic programme over the modules left tries, per stage, each weight among the
 //! modules ready to run.
 
 use std::collections::HashMap;
@@ -21,27 +22,27 @@ use mosaic_profile::{ModuleSet, PerfModel};
 /// relaxation is skipped (the Lagrangian bound still holds).
 const MAX_STATES: usize = 200_000;
 
-/// The memoised programme of one problem's fastest times.
+/// The memoised programme over one set of module weights.
 pub(crate) struct Stages {
-    /// Per module, its fastest time.
-    fastest: Vec<f64>,
+    /// Per module, its weight, ms.
+    weight: Vec<f64>,
     /// Per module, its ancestors.
     ancestors: Vec<ModuleSet>,
-    /// The least time of each set of modules left, solved so far.
+    /// The least total of each set of modules left, solved so far.
     memo: HashMap<u64, f64>,
 }
 
 impl Stages {
-    /// The relaxation of `model` with per-module fastest times `fastest`.
-    pub(crate) fn new(model: &PerfModel, fastest: Vec<f64>) -> Self {
+    /// The relaxation of `model` with per-module weights `weight`, ms.
+    pub(crate) fn new(model: &PerfModel, weight: Vec<f64>) -> Self {
         Stages {
-            fastest,
+            weight,
             ancestors: model.modules.iter().map(|m| m.ancestors).collect(),
             memo: HashMap::new(),
         }
     }
 
-    /// The least time of the stages that run `left` (a set closed under descendants within
+    /// The least total of the stages that run `left` (a set closed under descendants within
     /// itself: every module of it whose producers in it are done may run), or `None` once the
     /// programme has solved [`MAX_STATES`] sets.
     pub(crate) fn least(&mut self, left: ModuleSet) -> Option<f64> {
@@ -59,16 +60,16 @@ impl Stages {
             .filter(|&m| self.ancestors[m].intersect(left).is_empty())
             .collect();
         let mut best = f64::INFINITY;
-        for &slowest in &ready {
-            let stage_ms = self.fastest[slowest];
+        for &heaviest in &ready {
+            let stage_ms = self.weight[heaviest];
             let stage = ready
                 .iter()
-                .filter(|&&m| self.fastest[m] <= stage_ms)
+                .filter(|&&m| self.weight[m] <= stage_ms)
                 .fold(ModuleSet::EMPTY, |s, &m| s.union(ModuleSet::single(m)));
             // Ties give the same stage; solve it once.
             if ready
                 .iter()
-                .any(|&m| m < slowest && self.fastest[m] == stage_ms)
+                .any(|&m| m < heaviest && self.weight[m] == stage_ms)
             {
                 continue;
             }
