@@ -17,7 +17,12 @@
 //! - **Incumbent**: a greedy threshold packing gives the first upper bound `best`.
 //! - **Branching**: modules in order of decreasing fastest time; for each, candidates faster
 //!   than `best` (a prefix of its time-sorted list, so it shrinks as `best` improves); for each
-//!   candidate, every split of its replicas over the classes with room.
+//!   candidate, every split of its replicas over the classes with room. Candidates no slower
+//!   than the bound of the placements so far go first, slowest (most frugal) first: they
+//!   cannot lengthen the stage and leave the most room; the faster ones follow, fastest
+//!   first. A node whose bound `best` has met is left at once. A capped search so spends its
+//!   nodes on allocations that fit, where fastest-first filled the pool with its first
+//!   modules and backtracked at the bottom.
 //! - **Bounds**: (1) capacity: the quota units and memory the remaining modules need at least,
 //!   using only candidates faster than `best`, must fit in what is left; (2) interference: a
 //!   placed module's time is at least `T · (1 + e1 + e2 · ΣB)` on any GPU it already shares,
@@ -127,7 +132,7 @@ pub fn stage_eval_within(
         search.best = t;
         search.best_sol = Some(sol);
     }
-    search.dfs(0);
+    search.dfs(0, 0.0);
     let proven = search.complete;
     let alloc = search.best_sol.take().map(|sol| search.finish(set, &sol));
     Outcome { alloc, proven }
@@ -389,7 +394,11 @@ impl<'p> Search<'p> {
         self.stopped
     }
 
-    fn dfs(&mut self, pos: usize) {
+    /// Places position `pos` and on, the stage lasting at least `floor` (the bound of the
+    /// placements so far). Candidates no slower than `floor` come first, the slowest (most
+    /// frugal) of them first: they leave the most room for the modules after; then the faster
+    /// ones, fastest first.
+    fn dfs(&mut self, pos: usize, floor: f64) {
         if self.stopped {
             return;
         }
@@ -405,22 +414,30 @@ impl<'p> Search<'p> {
         let Some((need_units, need_mem)) = self.need_after(pos + 1) else {
             return;
         };
-        let module = self.order[pos];
-        let mut idx = 0;
-        // `best` may fall while we iterate: the prefix of candidates below it then shrinks.
-        let (mut below, mut count) = (self.best, self.problem.cands[module].count_below(self.best));
-        while idx < count && !self.stopped {
-            let c = *self.cand(pos, idx);
-            if c.area as u64 + need_units <= self.free_units_total
-                && c.dp as f64 * c.mem_gib + need_mem <= self.free_mem_total + MEM_EPS
-            {
-                self.place_all_ways(pos, idx, &c);
-            }
+        let cands = &self.problem.cands[self.order[pos]];
+        let within = cands.count_below(floor);
+        let mut idx = within;
+        // `best` may fall while we iterate: the candidates below it then shrink to a prefix,
+        // and once it meets `floor` nothing below this node can beat it.
+        while idx > 0 && !self.stopped && self.best > floor {
+            idx -= 1;
+            self.try_candidate(pos, idx, need_units, need_mem);
+        }
+        let mut idx = within;
+        while !self.stopped && idx < cands.count_below(self.best) {
+            self.try_candidate(pos, idx, need_units, need_mem);
             idx += 1;
-            if self.best != below {
-                below = self.best;
-                count = self.problem.cands[module].count_below(below);
-            }
+        }
+    }
+
+    /// Places candidate `idx` of position `pos` every way, where it leaves the modules after
+    /// it the quota units and memory they need.
+    fn try_candidate(&mut self, pos: usize, idx: usize, need_units: u64, need_mem: f64) {
+        let c = *self.cand(pos, idx);
+        if c.area as u64 + need_units <= self.free_units_total
+            && c.dp as f64 * c.mem_gib + need_mem <= self.free_mem_total + MEM_EPS
+        {
+            self.place_all_ways(pos, idx, &c);
         }
     }
 
@@ -526,8 +543,9 @@ impl<'p> Search<'p> {
         self.chosen.push(&mut self.classes, split, pos, idx, c);
         self.free_units_total -= c.area as u64;
         self.free_mem_total -= c.dp as f64 * c.mem_gib;
-        if self.bound(pos) < self.best {
-            self.dfs(pos + 1);
+        let floor = self.bound(pos);
+        if floor < self.best {
+            self.dfs(pos + 1, floor);
         }
         self.chosen.pop();
         self.free_units_total += c.area as u64;
