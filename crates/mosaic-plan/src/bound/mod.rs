@@ -106,6 +106,11 @@ impl<'m> LowerBound<'m> {
         Self::build(problem, inputs, f64::INFINITY, &window, false)
     }
 
+    /// [`LowerBound::capped`] with the stage sequence at λ = 1 alone, as [`LowerBound::new`].
+    fn new_capped(problem: &Problem<'m>, inputs: &Inputs, cap: f64, window: &[f64]) -> Self {
+        Self::build(problem, inputs, cap, window, false)
+    }
+
     /// The bound of `problem` from its `inputs`, over the plans of time at most `cap` ms:
     /// each module keeps the runs no slower than `cap` − its `window` slack; modules without
     /// one make every bound infinite. The stage sequence is solved at every λ step.

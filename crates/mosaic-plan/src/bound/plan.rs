@@ -11,6 +11,8 @@
 //! finish in what the chain leaves, at a fast (area-hungry) run, which a uniform cap of C
 //! never forces.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::Instant;
 
 use mosaic_profile::ModuleSet;
@@ -21,6 +23,10 @@ use crate::Problem;
 /// The fixed-point lower bound on every plan's iteration time (module docs): the least C with
 /// C ≥ B(C), B(C) the bound over the runs a plan of time C can use. Stopped at `deadline`,
 /// the search returns the least C it has not yet ruled out.
+///
+/// B's stage sequence per λ step costs a dynamic programme each, so the least C is found
+/// first with the sequence at λ = 1 alone (a lower B, so no later C), then from there with
+/// every step, where it usually ends within a few probes.
 pub(crate) fn plan_bound(problem: &Problem, inputs: &Inputs, deadline: Option<Instant>) -> f64 {
     let window = windows(problem);
     let runs = &inputs.runs;
@@ -35,26 +41,73 @@ pub(crate) fn plan_bound(problem: &Problem, inputs: &Inputs, deadline: Option<In
     if times.is_empty() {
         return 0.0;
     }
-    let b = |k: usize| LowerBound::capped(problem, inputs, times[k], &window).of(ModuleSet::EMPTY);
-    // Between consecutive times B is constant, so the interval [t_k, t_k+1) holds a C ≥ B(C)
-    // iff B(t_k) < t_k+1; that holds from some k on (B falls, t rises): find the first.
+    let at = |k: usize, every_step: bool| {
+        let mut b = if every_step {
+            LowerBound::capped(problem, inputs, times[k], &window)
+        } else {
+            LowerBound::new_capped(problem, inputs, times[k], &window)
+        };
+        b.of(ModuleSet::EMPTY)
+    };
+    let weak = |k: usize| at(k, false);
+    // Once per time: the answer's probe is asked again.
+    let seen = RefCell::new(HashMap::new());
+    let full = |k: usize| *seen.borrow_mut().entry(k).or_insert_with(|| at(k, true));
+    let first = |from: usize, b: &dyn Fn(usize) -> f64| least_fixed(&times, from, b, deadline);
+    match first(0, &weak).and_then(|k| first(k, &full)) {
+        // B(t_k) ≥ B(C) ≥ B(∞) for the C ≥ t_k of the answer.
+        Ok(k) => times[k].max(full(k)),
+        // No C below times[k] satisfies C ≥ B(C), nor does any below B(∞).
+        Err(k) => {
+            let mut unbounded =
+                LowerBound::capped(problem, inputs, f64::INFINITY, &vec![0.0; runs.len()]);
+            times[k].max(unbounded.of(ModuleSet::EMPTY))
+        }
+    }
+}
+
+/// The least index k ≥ `from` whose interval [t_k, t_k+1) of `times` holds a C ≥ B(C), given
+/// that none before `from` does: B is constant on an interval, so that is B(t_k) < t_k+1,
+/// which holds from some k on (B falls, t rises). Probes `from`, then steps doubling away from
+/// it, then halves the last step. `Err` with the least index not yet ruled out once
+/// `deadline` passes.
+fn least_fixed(
+    times: &[f64],
+    from: usize,
+    b: &dyn Fn(usize) -> f64,
+    deadline: Option<Instant>,
+) -> Result<usize, usize> {
     let next = |k: usize| times.get(k + 1).copied().unwrap_or(f64::INFINITY);
-    let (mut lo, mut hi) = (0, times.len() - 1);
-    let unbounded = LowerBound::capped(problem, inputs, f64::INFINITY, &vec![0.0; runs.len()])
-        .of(ModuleSet::EMPTY);
+    let holds = |k: usize| b(k) < next(k);
+    let last = times.len() - 1;
+    let late = || deadline.is_some_and(|d| Instant::now() >= d);
+    // The answer lies in [lo, hi].
+    let (mut lo, mut hi) = (from, last);
+    let mut step = 1;
     while lo < hi {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            // No C below times[lo] satisfies C ≥ B(C).
-            return times[lo].max(unbounded);
+        if late() {
+            return Err(lo);
+        }
+        let probe = (lo + step - 1).min(hi);
+        if holds(probe) {
+            hi = probe;
+            break;
+        }
+        lo = probe + 1;
+        step *= 2;
+    }
+    while lo < hi {
+        if late() {
+            return Err(lo);
         }
         let mid = (lo + hi) / 2;
-        if b(mid) < next(mid) {
+        if holds(mid) {
             hi = mid;
         } else {
             lo = mid + 1;
         }
     }
-    times[lo].max(b(lo)).max(unbounded)
+    Ok(lo)
 }
 
 /// Per module m, head(m) + tail(m): the longest chains of fastest times that end just before m
@@ -77,4 +130,44 @@ fn windows(problem: &Problem) -> Vec<f64> {
         }
     }
     (0..n).map(|m| head[m] + tail[m]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The doubling probes find what a scan of every interval finds, from any start
+        /// before the answer.
+        #[test]
+        fn least_fixed_finds_the_first_interval(
+            gaps in prop::collection::vec(0.1f64..10.0, 1..40),
+            drops in prop::collection::vec(0.0f64..10.0, 40),
+            top in 0.0f64..400.0,
+            start in 0usize..40,
+        ) {
+            let times: Vec<f64> = gaps
+                .iter()
+                .scan(0.0, |t, g| {
+                    *t += g;
+                    Some(*t)
+                })
+                .collect();
+            // A non-increasing B over the intervals.
+            let b: Vec<f64> = drops
+                .iter()
+                .scan(top, |v, d| {
+                    *v -= d;
+                    Some(*v)
+                })
+                .collect();
+            let next = |k: usize| times.get(k + 1).copied().unwrap_or(f64::INFINITY);
+            let first = (0..times.len()).find(|&k| b[k] < next(k)).expect("the last holds");
+            let from = start.min(first);
+            let found = least_fixed(&times, from, &|k| b[k], None);
+            prop_assert_eq!(found, Ok(first));
+        }
+    }
 }
