@@ -312,30 +312,32 @@ fn comparable(model: &PerfModel) -> Vec<ModuleSet> {
         .collect()
 }
 
+/// Small models for the bound's tests.
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
+pub(super) mod fixture {
+    use mosaic_profile::{parse, PerfModel};
 
-    use mosaic_profile::parse;
-
-    use super::*;
-    use crate::{solve, Search, SolveOptions};
-
-    /// One GPU, no interference; per module (name, after, ms at half the SMs, ms at all).
-    fn model(modules: &[(&str, &str, f64, f64)]) -> PerfModel {
-        let sample = |sm: f64, t: f64| {
-            format!(
-                r#"{{"dp": 1, "sm": {sm}, "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5,
-                "bw_util": 0.2}}"#
-            )
-        };
+    /// A model of a 100-SM device without interference: per module its name, its producers
+    /// (quoted names, comma-separated) and its samples at dp 1 as (SM share, ms).
+    pub(in crate::bound) fn model(
+        modules: &[(&str, &str, &[(f64, f64)])],
+        granularity: f64,
+    ) -> PerfModel {
         let list: Vec<String> = modules
             .iter()
-            .map(|(name, after, half, whole)| {
+            .map(|(name, after, samples)| {
+                let samples: Vec<String> = samples
+                    .iter()
+                    .map(|(sm, t)| {
+                        format!(
+                            r#"{{"dp": 1, "sm": {sm}, "time_ms": {t}, "mem_gib": 1.0,
+                            "sm_util": 0.5, "bw_util": 0.2}}"#
+                        )
+                    })
+                    .collect();
                 format!(
-                    r#"{{"name": "{name}", "after": [{after}], "samples": [{}, {}]}}"#,
-                    sample(0.5, *half),
-                    sample(1.0, *whole)
+                    r#"{{"name": "{name}", "after": [{after}], "samples": [{}]}}"#,
+                    samples.join(", ")
                 )
             })
             .collect();
@@ -346,8 +348,17 @@ mod tests {
                 "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
             list.join(", ")
         );
-        PerfModel::new(&parse(&text, "x.json").unwrap(), 0.5, "x.json").unwrap()
+        PerfModel::new(&parse(&text, "x.json").unwrap(), granularity, "x.json").unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::fixture::model;
+    use super::*;
+    use crate::{solve, Search, SolveOptions};
 
     #[test]
     fn a_stage_sequence_per_lambda_sees_area_and_depth_together() {
@@ -356,11 +367,14 @@ mod tests {
         // 50 + 15 + 20 ms; between them, the frugal runs the area wants cost the sequence
         // time, which one bound per term never charges. The optimum: d0 alone on the whole
         // GPU, then text and d1 on a half each, 20 + 100 ms.
-        let m = model(&[
-            ("text", "", 100.0, 80.0),
-            ("d0", "", 30.0, 20.0),
-            ("d1", r#""d0""#, 40.0, 27.0),
-        ]);
+        let m = model(
+            &[
+                ("text", "", &[(0.5, 100.0), (1.0, 80.0)]),
+                ("d0", "", &[(0.5, 30.0), (1.0, 20.0)]),
+                ("d1", r#""d0""#, &[(0.5, 40.0), (1.0, 27.0)]),
+            ],
+            0.5,
+        );
         let problem = Problem::new(&m, 1).unwrap();
         let mut inputs = Inputs::new(&problem, None);
         // Without the stage-packing weights, which see this small case whole.

@@ -84,27 +84,16 @@ impl Stages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mosaic_profile::parse;
 
     /// A model of the given modules (name, after) with one sample each at the given time.
     fn model(modules: &[(&str, &str, f64)]) -> PerfModel {
-        let list: Vec<String> = modules
+        let samples: Vec<[(f64, f64); 1]> = modules.iter().map(|m| [(1.0, m.2)]).collect();
+        let list: Vec<(&str, &str, &[(f64, f64)])> = modules
             .iter()
-            .map(|(name, after, t)| {
-                format!(
-                    r#"{{"name": "{name}", "after": [{after}], "samples": [{{"dp": 1, "sm": 1.0,
-                    "time_ms": {t}, "mem_gib": 1.0, "sm_util": 0.5, "bw_util": 0.2}}]}}"#
-                )
-            })
+            .zip(&samples)
+            .map(|(m, s)| (m.0, m.1, &s[..]))
             .collect();
-        let text = format!(
-            r#"{{"format": "mosaic-profiles/1",
-                "device": {{"name": "gpu", "sm_count": 100, "memory_gib": 80.0}},
-                "modules": [{}],
-                "interference": {{"e1": 0.0, "e2": 0.0, "e3": 0.0}}}}"#,
-            list.join(", ")
-        );
-        PerfModel::new(&parse(&text, "x.json").unwrap(), 0.1, "x.json").unwrap()
+        super::super::fixture::model(&list, 0.1)
     }
 
     #[test]
