@@ -142,7 +142,7 @@ impl<'m> Problem<'m> {
     /// runs longer than the plan.
     /// The tightening stops at `deadline` (if any) with a weaker bound, still valid.
     pub fn plan_lower_bound(&self, deadline: Option<Instant>) -> f64 {
-        bound::plan_bound(self, &bound::Inputs::new(self, deadline), deadline)
+        bound::plan_bound(self, &bound::Inputs::new(self, deadline), deadline, true)
     }
 
     /// Per module, its stage-packing weight (`bound/packing.rs`): no stage that holds a set of
@@ -215,7 +215,9 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     let mut stages = gahc(&mut cache, deadline)?;
     let mut search = "gahc";
     let inputs = cache.bound_inputs(Some(deadline));
-    let mut lower = bound::plan_bound(&problem, &inputs, Some(deadline));
+    // Where the exact search may finish, it proves more than the bound's dearer part would.
+    let every_step = !exact_may_finish(&problem);
+    let mut lower = bound::plan_bound(&problem, &inputs, Some(deadline), every_step);
     let mut optimal = false;
     if opts.search != Search::Gahc {
         // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a

@@ -317,12 +317,12 @@ fn comparable(model: &PerfModel) -> Vec<ModuleSet> {
 pub(super) mod fixture {
     use mosaic_profile::{parse, PerfModel};
 
-    /// A model of a 100-SM device without interference: per module its name, its producers
-    /// (quoted names, comma-separated) and its samples at dp 1 as (SM share, ms).
-    pub(in crate::bound) fn model(
-        modules: &[(&str, &str, &[(f64, f64)])],
-        granularity: f64,
-    ) -> PerfModel {
+    /// A module: its name, its producers (quoted names, comma-separated) and its samples at
+    /// dp 1 as (SM share, ms).
+    pub(in crate::bound) type Module<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
+
+    /// A model of a 100-SM device without interference.
+    pub(in crate::bound) fn model(modules: &[Module], granularity: f64) -> PerfModel {
         let list: Vec<String> = modules
             .iter()
             .map(|(name, after, samples)| {

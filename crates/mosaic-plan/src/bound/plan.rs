@@ -25,9 +25,14 @@ use crate::Problem;
 /// the search returns the least C it has not yet ruled out.
 ///
 /// B's stage sequence per λ step costs a dynamic programme each, so the least C is found
-/// first with the sequence at λ = 1 alone (a lower B, so no later C), then from there with
-/// every step, where it usually ends within a few probes.
-pub(crate) fn plan_bound(problem: &Problem, inputs: &Inputs, deadline: Option<Instant>) -> f64 {
+/// first with the sequence at λ = 1 alone (a lower B, so no later C), then from there, where
+/// `every_step`, with the sequence at every step, which usually ends within a few probes.
+pub(crate) fn plan_bound(
+    problem: &Problem,
+    inputs: &Inputs,
+    deadline: Option<Instant>,
+    every_step: bool,
+) -> f64 {
     let window = windows(problem);
     let runs = &inputs.runs;
     // B changes only where C crosses some run's time plus its module's window.
@@ -52,7 +57,12 @@ pub(crate) fn plan_bound(problem: &Problem, inputs: &Inputs, deadline: Option<In
     let weak = |k: usize| at(k, false);
     // Once per time: the answer's probe is asked again.
     let seen = RefCell::new(HashMap::new());
-    let full = |k: usize| *seen.borrow_mut().entry(k).or_insert_with(|| at(k, true));
+    let full = |k: usize| {
+        *seen
+            .borrow_mut()
+            .entry(k)
+            .or_insert_with(|| at(k, every_step))
+    };
     let first = |from: usize, b: &dyn Fn(usize) -> f64| least_fixed(&times, from, b, deadline);
     match first(0, &weak).and_then(|k| first(k, &full)) {
         // B(t_k) ≥ B(C) ≥ B(∞) for the C ≥ t_k of the answer.

@@ -88,7 +88,7 @@ mod tests {
     /// A model of the given modules (name, after) with one sample each at the given time.
     fn model(modules: &[(&str, &str, f64)]) -> PerfModel {
         let samples: Vec<[(f64, f64); 1]> = modules.iter().map(|m| [(1.0, m.2)]).collect();
-        let list: Vec<(&str, &str, &[(f64, f64)])> = modules
+        let list: Vec<super::super::fixture::Module> = modules
             .iter()
             .zip(&samples)
             .map(|(m, s)| (m.0, m.1, &s[..]))
