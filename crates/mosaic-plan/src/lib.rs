@@ -216,8 +216,8 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
     let mut search = "gahc";
     let inputs = cache.bound_inputs(Some(deadline));
     // Where the exact search may finish, it proves more than the bound's dearer part would.
-    let every_step = !exact_may_finish(&problem);
-    let mut lower = bound::plan_bound(&problem, &inputs, Some(deadline), every_step);
+    let may_finish = exact_may_finish(&problem);
+    let mut lower = bound::plan_bound(&problem, &inputs, Some(deadline), !may_finish);
     let mut optimal = false;
     if opts.search != Search::Gahc {
         // Local moves, then re-cut orders; again with StageEval searching 8× deeper while a
@@ -264,7 +264,7 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
         let gap = total_ms(&stages) / lower - 1.0;
         let proof_deadline = match opts.search {
             Search::Exact => Some(deadline),
-            _ if exact_may_finish(&problem) => left(2),
+            _ if may_finish => left(2),
             _ if gap > 1e-9 => left(4),
             _ => None,
         };

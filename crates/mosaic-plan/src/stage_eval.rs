@@ -424,9 +424,14 @@ impl<'p> Search<'p> {
             self.try_candidate(pos, idx, need_units, need_mem);
         }
         let mut idx = within;
-        while !self.stopped && idx < cands.count_below(self.best) {
+        let (mut below, mut count) = (self.best, cands.count_below(self.best));
+        while !self.stopped && idx < count {
             self.try_candidate(pos, idx, need_units, need_mem);
             idx += 1;
+            if self.best != below {
+                below = self.best;
+                count = cands.count_below(below);
+            }
         }
     }
 

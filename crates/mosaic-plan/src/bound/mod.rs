@@ -103,23 +103,14 @@ impl<'m> LowerBound<'m> {
     /// per λ step costs 4–7× the exact search's time.
     pub(crate) fn new(problem: &Problem<'m>, inputs: &Inputs) -> Self {
         let window = vec![0.0; problem.cands.len()];
-        Self::build(problem, inputs, f64::INFINITY, &window, false)
-    }
-
-    /// [`LowerBound::capped`] with the stage sequence at λ = 1 alone, as [`LowerBound::new`].
-    fn new_capped(problem: &Problem<'m>, inputs: &Inputs, cap: f64, window: &[f64]) -> Self {
-        Self::build(problem, inputs, cap, window, false)
+        Self::capped(problem, inputs, f64::INFINITY, &window, false)
     }
 
     /// The bound of `problem` from its `inputs`, over the plans of time at most `cap` ms:
     /// each module keeps the runs no slower than `cap` − its `window` slack; modules without
-    /// one make every bound infinite. The stage sequence is solved at every λ step.
-    fn capped(problem: &Problem<'m>, inputs: &Inputs, cap: f64, window: &[f64]) -> Self {
-        Self::build(problem, inputs, cap, window, true)
-    }
-
-    /// [`LowerBound::capped`], with the stage sequence at `every_step` or at λ = 1 alone.
-    fn build(
+    /// one make every bound infinite. The stage sequence is solved at `every_step` of λ, or
+    /// at λ = 1 alone.
+    fn capped(
         problem: &Problem<'m>,
         inputs: &Inputs,
         cap: f64,
@@ -381,8 +372,8 @@ mod tests {
         inputs.packed = vec![0.0; 3];
         let window = vec![0.0; 3];
         let fastest_only = LowerBound::new(&problem, &inputs).of(ModuleSet::EMPTY);
-        let every_step =
-            LowerBound::capped(&problem, &inputs, f64::INFINITY, &window).of(ModuleSet::EMPTY);
+        let every_step = LowerBound::capped(&problem, &inputs, f64::INFINITY, &window, true)
+            .of(ModuleSet::EMPTY);
         let options = SolveOptions {
             search: Search::Exact,
             budget: Duration::from_secs(10),

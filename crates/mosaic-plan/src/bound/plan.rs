@@ -46,31 +46,24 @@ pub(crate) fn plan_bound(
     if times.is_empty() {
         return 0.0;
     }
-    let at = |k: usize, every_step: bool| {
-        let mut b = if every_step {
-            LowerBound::capped(problem, inputs, times[k], &window)
-        } else {
-            LowerBound::new_capped(problem, inputs, times[k], &window)
-        };
-        b.of(ModuleSet::EMPTY)
+    // Each bound once per time: the answer's probe is asked again, and without `every_step`
+    // both searches ask the same.
+    let seen = RefCell::new(HashMap::new());
+    let at = |k: usize, dear: bool| {
+        *seen.borrow_mut().entry((k, dear)).or_insert_with(|| {
+            LowerBound::capped(problem, inputs, times[k], &window, dear).of(ModuleSet::EMPTY)
+        })
     };
     let weak = |k: usize| at(k, false);
-    // Once per time: the answer's probe is asked again.
-    let seen = RefCell::new(HashMap::new());
-    let full = |k: usize| {
-        *seen
-            .borrow_mut()
-            .entry(k)
-            .or_insert_with(|| at(k, every_step))
-    };
+    let full = |k: usize| at(k, every_step);
     let first = |from: usize, b: &dyn Fn(usize) -> f64| least_fixed(&times, from, b, deadline);
     match first(0, &weak).and_then(|k| first(k, &full)) {
         // B(t_k) ≥ B(C) ≥ B(∞) for the C ≥ t_k of the answer.
         Ok(k) => times[k].max(full(k)),
         // No C below times[k] satisfies C ≥ B(C), nor does any below B(∞).
         Err(k) => {
-            let mut unbounded =
-                LowerBound::capped(problem, inputs, f64::INFINITY, &vec![0.0; runs.len()]);
+            let zero = vec![0.0; runs.len()];
+            let mut unbounded = LowerBound::capped(problem, inputs, f64::INFINITY, &zero, true);
             times[k].max(unbounded.of(ModuleSet::EMPTY))
         }
     }
