@@ -27,7 +27,14 @@
 //!   using only candidates faster than `best`, must fit in what is left; (2) interference: a
 //!   placed module's time is at least `T · (1 + e1 + e2 · ΣB)` on any GPU it already shares,
 //!   because later modules only add to ΣB and the product term is non-negative, and exactly
-//!   Eq. 8 on a GPU no later module can still fit on.
+//!   Eq. 8 on a GPU no later module can still fit on (*closed*).
+//! - **Placements the bound would cut off are never made.** A replica goes only to GPUs where
+//!   every module it would join, and itself, still runs below `best` by that bound. Where a
+//!   GPU's modules already run at `best` or slower by it once the module is placed, the module
+//!   must join every such GPU: Δ's product term falls when a module joins (ΠB shrinks), and
+//!   only joining can lower Δ below that bound. A node is left when a module after it has no
+//!   candidate left with `dp` such GPUs: GPUs only fill and `best` only falls, so it never
+//!   will.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
 //! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
@@ -152,9 +159,30 @@ struct Class {
     /// Sum and product of the hosted modules' bandwidth utilisations.
     bw_sum: f64,
     bw_prod: f64,
+    /// The slowest hosted candidate's time before interference, ms (0 when none).
+    slowest_ms: f64,
 }
 
 impl Class {
+    /// The class its GPUs become when they also host position `pos` at candidate `c`.
+    fn hosting(&self, pos: usize, c: &Candidate, count: u32) -> Class {
+        Class {
+            mask: self.mask | 1 << pos,
+            count,
+            free_units: self.free_units - c.units,
+            free_mem: self.free_mem - c.mem_gib,
+            bw_sum: self.bw_sum + c.bw_util,
+            bw_prod: self.bw_prod * c.bw_util,
+            slowest_ms: self.slowest_ms.max(c.time_ms),
+        }
+    }
+
+    /// Whether no module of a stage, from the search position whose least needs are `room`
+    /// (quota units, memory) on, fits on these GPUs any more: then Δ is final.
+    fn closed(&self, room: (u32, f64)) -> bool {
+        self.free_units < room.0 || self.free_mem + MEM_EPS < room.1
+    }
+
     /// Eq. 8's Δ on these GPUs, exactly (`closed`) or as the lower bound that later modules
     /// can only raise.
     fn delta(&self, inter: &Interference, closed: bool) -> f64 {
@@ -212,6 +240,8 @@ struct Search<'p> {
     classes: Vec<Class>,
     /// Per position, reusable buffers for the classes with room, their sizes and a split.
     buffers: Vec<Buffers>,
+    /// Per position, the candidate [`Search::still_placeable`] found placeable last.
+    placeable: Vec<usize>,
     /// Per position, [`Search::need_after`] it, for the `best` of `need_best`.
     need: Vec<Option<(u64, f64)>>,
     need_best: f64,
@@ -258,6 +288,7 @@ impl<'p> Search<'p> {
             .collect();
         Search {
             problem,
+            placeable: vec![0; order.len()],
             order,
             inter: problem.model.interference,
             classes: vec![Self::empty_class(problem)],
@@ -287,6 +318,7 @@ impl<'p> Search<'p> {
             free_mem: problem.model.device.memory_gib,
             bw_sum: 0.0,
             bw_prod: 1.0,
+            slowest_ms: 0.0,
         }
     }
 
@@ -372,7 +404,7 @@ impl<'p> Search<'p> {
         let mut sol = Solution::default();
         for (pos, idx) in picks {
             let c = self.cand(pos, idx);
-            let fit = eligible(&classes, c);
+            let fit = eligible(&classes, c, pos, &self.cutoff(f64::INFINITY, OPEN));
             let split = fill(&classes, &fit, c.dp)?;
             sol.push(&mut classes, &split, pos, idx, c);
         }
@@ -414,6 +446,9 @@ impl<'p> Search<'p> {
         let Some((need_units, need_mem)) = self.need_after(pos + 1) else {
             return;
         };
+        if !(pos + 1..self.order.len()).all(|q| self.still_placeable(q)) {
+            return;
+        }
         let cands = &self.problem.cands[self.order[pos]];
         let within = cands.count_below(floor);
         let mut idx = within;
@@ -464,26 +499,91 @@ impl<'p> Search<'p> {
         self.need.get(from).copied().unwrap_or(Some((0, 0.0)))
     }
 
+    /// Whether position `q` still has a candidate faster than `best` with room on `dp` GPUs
+    /// where Δ's least value ([`Class::delta`] of an open class) keeps every module they would
+    /// host faster than `best`. Placements only fill GPUs and `best` only falls, so a position
+    /// with none never gets one.
+    fn still_placeable(&mut self, q: usize) -> bool {
+        let list = &self.problem.cands[self.order[q]].list;
+        let below = list.partition_point(|c| c.time_ms < self.best);
+        // The candidate that placed last time, first: it usually still does.
+        let last = self.placeable[q];
+        if last < below && self.has_room(q, &list[last]) {
+            return true;
+        }
+        match (0..below).find(|&i| i != last && self.has_room(q, &list[i])) {
+            Some(i) => {
+                self.placeable[q] = i;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `c` (of position `q`) has room on `dp` GPUs where Δ's least value keeps every
+    /// module they would host faster than `best`.
+    fn has_room(&self, q: usize, c: &Candidate) -> bool {
+        let cutoff = self.cutoff(self.best, OPEN);
+        let mut gpus = 0;
+        self.classes.iter().any(|class| {
+            if admits(class, c, q, &cutoff) {
+                gpus += class.count;
+            }
+            gpus >= c.dp
+        })
+    }
+
+    /// A placement's [`Cutoff`] at time `best`, with the least needs `room` after it.
+    fn cutoff(&self, best: f64, room: (u32, f64)) -> Cutoff<'_> {
+        Cutoff {
+            inter: &self.inter,
+            best,
+            room,
+        }
+    }
+
     /// Tries the splits of candidate `idx` of position `pos` over the classes with room: all
     /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
+    /// A class whose modules the bound already times at `best` or more once this position is
+    /// placed ([`Search::doomed`]) must take a replica on each of its GPUs: left as it is, the
+    /// bound cuts the placement off.
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
         // This position's buffers: deeper positions use their own while these are out.
         let (mut fit, mut counts, mut split) = std::mem::take(&mut self.buffers[pos]);
-        eligible_into(&self.classes, c, &mut fit);
+        let cutoff = self.cutoff(self.best, self.room_after[pos]);
+        eligible_into(&self.classes, c, pos, &cutoff, &mut fit);
+        // The doomed classes first; each must be eligible, and all of them take at most dp.
+        let doomed = (0..self.classes.len()).filter(|&k| self.doomed(k, pos));
+        let (mut forced, mut forced_gpus, mut placeable) = (0, 0u64, true);
+        for k in doomed {
+            match fit.iter().position(|&f| f == k) {
+                Some(at) => {
+                    fit[forced..=at].rotate_right(1);
+                    forced += 1;
+                    forced_gpus += u64::from(self.classes[k].count);
+                }
+                None => placeable = false,
+            }
+        }
         counts.clear();
         counts.extend(fit.iter().map(|&k| self.classes[k].count));
-        if counts.iter().map(|&n| n as u64).sum::<u64>() < c.dp as u64 {
-            // Too few GPUs with room.
+        let room: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+        if !placeable || room < u64::from(c.dp) || forced_gpus > u64::from(c.dp) {
+            // Too few GPUs with room, or a doomed class out of reach.
         } else if self.limits.splits == u64::MAX
-            || splits(&counts, c.dp, self.limits.splits) <= self.limits.splits
+            || splits(
+                &counts[forced..],
+                c.dp - forced_gpus as u32,
+                self.limits.splits,
+            ) <= self.limits.splits
         {
             split.clear();
-            self.compose(pos, idx, c, &fit, &mut split, c.dp);
+            self.compose(pos, idx, c, (&fit, forced), &mut split, c.dp);
         } else {
             self.complete = false;
             let emptiest = fill(&self.classes, &fit, c.dp);
             let mut tight = fit.clone();
-            tight.sort_by_key(|&k| {
+            tight[forced..].sort_by_key(|&k| {
                 (
                     self.classes[k].free_units,
                     std::cmp::Reverse(self.classes[k].mask.count_ones()),
@@ -499,14 +599,23 @@ impl<'p> Search<'p> {
         self.buffers[pos] = (fit, counts, split);
     }
 
+    /// Whether class `k`'s modules already run at `best` or slower by the bound once position
+    /// `pos` is placed (Δ final where no later position fits, [`Class::closed`]).
+    fn doomed(&self, k: usize, pos: usize) -> bool {
+        let class = &self.classes[k];
+        let closed = class.closed(self.room_after[pos]);
+        class.slowest_ms * (1.0 + class.delta(&self.inter, closed)) >= self.best
+    }
+
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
-    /// place, then descends.
+    /// place, then descends; each of the first `forced` classes of `fit` takes one on every
+    /// GPU.
     fn compose(
         &mut self,
         pos: usize,
         idx: usize,
         c: &Candidate,
-        fit: &[usize],
+        (fit, forced): (&[usize], usize),
         split: &mut Vec<(usize, u32)>,
         left: u32,
     ) {
@@ -522,11 +631,16 @@ impl<'p> Search<'p> {
             .iter()
             .map(|&j| self.classes[j].count as u64)
             .sum();
-        let hi = left.min(self.classes[fit[k]].count);
-        let lo = (left as u64).saturating_sub(room_after) as u32;
+        let count = self.classes[fit[k]].count;
+        let hi = left.min(count);
+        let lo = if k < forced {
+            count
+        } else {
+            (left as u64).saturating_sub(room_after) as u32
+        };
         for n in (lo..=hi).rev() {
             split.push((fit[k], n));
-            self.compose(pos, idx, c, fit, split, left - n);
+            self.compose(pos, idx, c, (fit, forced), split, left - n);
             split.pop();
         }
     }
@@ -567,10 +681,8 @@ impl<'p> Search<'p> {
     /// only add to ΣB; the product term is non-negative) and exactly Eq. 8 once the GPU is
     /// *closed*: no later module has a candidate small enough to join it.
     fn bound(&self, pos: usize) -> f64 {
-        let (min_units, min_mem) = self.room_after[pos];
-        self.slowest(&self.classes, &self.chosen, |c| {
-            c.free_units < min_units || c.free_mem + MEM_EPS < min_mem
-        })
+        let room = self.room_after[pos];
+        self.slowest(&self.classes, &self.chosen, |c| c.closed(room))
     }
 
     /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
@@ -626,20 +738,52 @@ impl<'p> Search<'p> {
     }
 }
 
-/// The classes with a GPU that has room for one replica of `c`, emptiest first (fewest hosted
-/// modules, then most free quota): less interference, so good incumbents come early.
-fn eligible(classes: &[Class], c: &Candidate) -> Vec<usize> {
+/// What a placement must keep to be worth searching.
+struct Cutoff<'a> {
+    /// Eq. 8's coefficients.
+    inter: &'a Interference,
+    /// The time every module must stay strictly below.
+    best: f64,
+    /// The least needs (quota units, memory) of the positions still to place after it, which
+    /// say when a class is closed ([`Class::closed`]; [`OPEN`] for none).
+    room: (u32, f64),
+}
+
+/// Least needs that close no class: Δ stays its least value ([`Class::delta`]).
+const OPEN: (u32, f64) = (0, f64::NEG_INFINITY);
+
+/// Whether a GPU of `class` has room for one replica of `c` (at search position `pos`) and
+/// every module it would then host still runs faster than the cutoff, by Δ as the bound
+/// counts it: a split onto a class that does not admit it is one the bound cuts off once
+/// placed. The same sums, in the same order, as [`apply`] and [`Search::bound`].
+fn admits(class: &Class, c: &Candidate, pos: usize, cutoff: &Cutoff) -> bool {
+    let room = class.free_units >= c.units && class.free_mem + MEM_EPS >= c.mem_gib;
+    room && {
+        let new = class.hosting(pos, c, 0);
+        let closed = new.closed(cutoff.room);
+        new.slowest_ms * (1.0 + new.delta(cutoff.inter, closed)) < cutoff.best
+    }
+}
+
+/// The classes that admit a replica of `c` at position `pos` ([`admits`]), emptiest first
+/// (fewest hosted modules, then most free quota): less interference, so good incumbents come
+/// early.
+fn eligible(classes: &[Class], c: &Candidate, pos: usize, cutoff: &Cutoff) -> Vec<usize> {
     let mut fit = Vec::new();
-    eligible_into(classes, c, &mut fit);
+    eligible_into(classes, c, pos, cutoff, &mut fit);
     fit
 }
 
 /// [`eligible`], written into `fit`.
-fn eligible_into(classes: &[Class], c: &Candidate, fit: &mut Vec<usize>) {
+fn eligible_into(
+    classes: &[Class],
+    c: &Candidate,
+    pos: usize,
+    cutoff: &Cutoff,
+    fit: &mut Vec<usize>,
+) {
     fit.clear();
-    fit.extend((0..classes.len()).filter(|&k| {
-        classes[k].free_units >= c.units && classes[k].free_mem + MEM_EPS >= c.mem_gib
-    }));
+    fit.extend((0..classes.len()).filter(|&k| admits(&classes[k], c, pos, cutoff)));
     fit.sort_by_key(|&k| {
         (
             classes[k].mask.count_ones(),
@@ -681,14 +825,7 @@ fn apply(
         }
         let old = classes[k];
         parts.push((old.mask, n));
-        let new = Class {
-            mask: old.mask | 1 << pos,
-            count: n,
-            free_units: old.free_units - c.units,
-            free_mem: old.free_mem - c.mem_gib,
-            bw_sum: old.bw_sum + c.bw_util,
-            bw_prod: old.bw_prod * c.bw_util,
-        };
+        let new = old.hosting(pos, c, n);
         if n == old.count {
             classes[k] = new;
         } else {

@@ -474,6 +474,26 @@ fn stage_eval_small_known_case() {
     assert!((oracle_stage(&model, 1, both).unwrap() - 89.0).abs() < 1e-9);
 }
 
+/// Eq. 8's product term falls when a module joins a GPU: two bandwidth-bound modules slow each
+/// other by 0.05 · 2 + 1 · 1 · 1 = 110 %, and a third with no bandwidth of its own on the same
+/// GPU cuts that to 10 %, so the stage of all three is faster than the stage of the two.
+#[test]
+fn a_module_that_joins_a_gpu_can_speed_its_stage_up() {
+    let heavy = vec![(1, 1, 8, 1, 4)]; // 80 ms on a quarter, B = 1
+    let light = vec![(1, 1, 2, 1, 0)]; // 20 ms on a quarter, B = 0
+    let file = raw_file(&[heavy.clone(), heavy, light], [0, 1, 4]);
+    let (_, model) = model_of(&file, 0.25).unwrap();
+    let one = raw_problem(&model, 1);
+    let pair = stage_eval(&one, ModuleSet::all(2), f64::INFINITY).unwrap();
+    let three = stage_eval(&one, ModuleSet::all(3), f64::INFINITY).unwrap();
+    assert!((pair.time_ms - 168.0).abs() < 1e-9, "{pair:#?}");
+    assert!((three.time_ms - 88.0).abs() < 1e-9, "{three:#?}");
+    for set in [ModuleSet::all(2), ModuleSet::all(3)] {
+        let oracle = oracle_stage(&model, 1, set).unwrap();
+        assert!((stage_eval(&one, set, f64::INFINITY).unwrap().time_ms - oracle).abs() < 1e-9);
+    }
+}
+
 /// With SM partitions (18 SMs, partitions of 4): a module alone takes all 18 SMs, but two
 /// modules sharing the GPU get at most the 16 a split hands out, never 18 between them.
 #[test]
