@@ -177,22 +177,56 @@ impl Class {
         }
     }
 
-    /// Whether no module of a stage, from the search position whose least needs are `room`
-    /// (quota units, memory) on, fits on these GPUs any more: then Δ is final.
-    fn closed(&self, room: (u32, f64)) -> bool {
-        self.free_units < room.0 || self.free_mem + MEM_EPS < room.1
+    /// Eq. 8's Δ on these GPUs, exactly.
+    fn delta(&self, inter: &Interference) -> f64 {
+        match self.mask.count_ones() {
+            0 | 1 => 0.0,
+            _ => inter.e1 + inter.e2 * self.bw_sum + inter.e3 * self.bw_prod,
+        }
     }
 
-    /// Eq. 8's Δ on these GPUs, exactly (`closed`) or as the lower bound that later modules
-    /// can only raise.
-    fn delta(&self, inter: &Interference, closed: bool) -> f64 {
-        match (self.mask.count_ones(), closed) {
-            (0 | 1, _) => 0.0,
-            (_, true) => inter.e1 + inter.e2 * self.bw_sum + inter.e3 * self.bw_prod,
-            (_, false) => inter.e1 + inter.e2 * self.bw_sum,
+    /// The least Δ these GPUs can end a stage at where every module stays below `best`, when
+    /// the modules still to place join them only as `after` allows: Eq. 8 as it is, if none
+    /// joins; else at least e1 + e2·(ΣB + B_min) (sums only grow, the product term is never
+    /// negative), which a module joins under only if it keeps the slowest below `best`. Not
+    /// Eq. 8 as it is in that case too: a module that joins shrinks ΠB.
+    fn delta_bound(&self, inter: &Interference, after: &Room, best: f64) -> f64 {
+        let alone = self.delta(inter);
+        let joined = inter.e1 + inter.e2 * (self.bw_sum + after.bw);
+        let may_join = self.free_units >= after.units
+            && self.free_mem + MEM_EPS >= after.mem
+            && self.slowest_ms * (1.0 + joined) < best;
+        if may_join {
+            alone.min(joined)
+        } else {
+            alone
         }
     }
 }
+
+/// What the modules still to place need at least on a GPU to join it: the fewest quota units,
+/// the least memory and the least bandwidth utilisation of any of their candidates.
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    units: u32,
+    mem: f64,
+    bw: f64,
+}
+
+/// The room of no module: nothing can join.
+const NOTHING_AFTER: Room = Room {
+    units: u32::MAX,
+    mem: f64::INFINITY,
+    bw: f64::INFINITY,
+};
+
+/// The room of a module that fits anywhere and adds no bandwidth: Δ's least value,
+/// e1 + e2·ΣB where two modules share.
+const ANYTHING_AFTER: Room = Room {
+    units: 0,
+    mem: f64::NEG_INFINITY,
+    bw: 0.0,
+};
 
 /// A full (or, while searching, partial) allocation, in the order its picks were made.
 #[derive(Debug, Clone, Default)]
@@ -251,9 +285,8 @@ struct Search<'p> {
     free_mem_total: f64,
     /// Current partial assignment, by position.
     chosen: Solution,
-    /// `room_after[p]`: the fewest quota units and least memory any candidate of the modules
-    /// after position `p` needs on one GPU.
-    room_after: Vec<(u32, f64)>,
+    /// `room_after[p]`: what the modules after position `p` need to join a GPU.
+    room_after: Vec<Room>,
     best: f64,
     best_sol: Option<Solution>,
     limits: Limits,
@@ -273,17 +306,14 @@ impl<'p> Search<'p> {
     fn new(problem: &'p Problem<'p>, order: Vec<usize>, cutoff: f64, limits: Limits) -> Self {
         let units = problem.model.units_per_gpu;
         let mem = problem.model.device.memory_gib;
-        let room_after: Vec<(u32, f64)> = (0..order.len())
+        let room_after: Vec<Room> = (0..order.len())
             .map(|p| {
-                order[p + 1..]
-                    .iter()
-                    .fold((u32::MAX, f64::INFINITY), |(u, m), &x| {
-                        let list = &problem.cands[x].list;
-                        (
-                            list.iter().map(|c| c.units).fold(u, u32::min),
-                            list.iter().map(|c| c.mem_gib).fold(m, f64::min),
-                        )
-                    })
+                let cands = order[p + 1..].iter().flat_map(|&x| &problem.cands[x].list);
+                cands.fold(NOTHING_AFTER, |r, c| Room {
+                    units: r.units.min(c.units),
+                    mem: r.mem.min(c.mem_gib),
+                    bw: r.bw.min(c.bw_util),
+                })
             })
             .collect();
         Search {
@@ -326,13 +356,13 @@ impl<'p> Search<'p> {
         &self.problem.cands[self.order[pos]].list[idx]
     }
 
-    /// The slowest rectified time among the picks `sol` on the pool `classes`, with Δ exact
-    /// (`closed`) or as the lower bound of [`Class::delta`] (0 with no picks).
-    fn slowest(&self, classes: &[Class], sol: &Solution, closed: impl Fn(&Class) -> bool) -> f64 {
+    /// The slowest rectified time among the picks `sol` on the pool `classes`, with each
+    /// class's Δ as `delta` gives it (0 with no picks).
+    fn slowest(&self, classes: &[Class], sol: &Solution, delta: impl Fn(&Class) -> f64) -> f64 {
         // Positions are module indices of a `ModuleSet`, so fewer than 64.
         let mut worst = [0.0f64; 64];
         for c in classes {
-            let d = c.delta(&self.inter, closed(c));
+            let d = delta(c);
             let mut bits = c.mask;
             while bits != 0 {
                 let p = bits.trailing_zeros() as usize;
@@ -375,7 +405,7 @@ impl<'p> Search<'p> {
             }
             if let Some((classes, sol)) = self.pack(tau) {
                 tries += 1;
-                let t = self.slowest(&classes, &sol, |_| true);
+                let t = self.slowest(&classes, &sol, |c| c.delta(&self.inter));
                 if best.as_ref().is_none_or(|(b, _)| t < *b) {
                     best = Some((t, sol));
                 }
@@ -404,7 +434,12 @@ impl<'p> Search<'p> {
         let mut sol = Solution::default();
         for (pos, idx) in picks {
             let c = self.cand(pos, idx);
-            let fit = eligible(&classes, c, pos, &self.cutoff(f64::INFINITY, OPEN));
+            let fit = eligible(
+                &classes,
+                c,
+                pos,
+                &self.cutoff(f64::INFINITY, ANYTHING_AFTER),
+            );
             let split = fill(&classes, &fit, c.dp)?;
             sol.push(&mut classes, &split, pos, idx, c);
         }
@@ -435,7 +470,7 @@ impl<'p> Search<'p> {
             return;
         }
         if pos == self.order.len() {
-            let t = self.slowest(&self.classes, &self.chosen, |_| true);
+            let t = self.slowest(&self.classes, &self.chosen, |c| c.delta(&self.inter));
             if t < self.best {
                 self.best = t;
                 self.best_sol = Some(self.chosen.clone());
@@ -523,7 +558,7 @@ impl<'p> Search<'p> {
     /// Whether `c` (of position `q`) has room on `dp` GPUs where Δ's least value keeps every
     /// module they would host faster than `best`.
     fn has_room(&self, q: usize, c: &Candidate) -> bool {
-        let cutoff = self.cutoff(self.best, OPEN);
+        let cutoff = self.cutoff(self.best, ANYTHING_AFTER);
         let mut gpus = 0;
         self.classes.iter().any(|class| {
             if admits(class, c, q, &cutoff) {
@@ -534,7 +569,7 @@ impl<'p> Search<'p> {
     }
 
     /// A placement's [`Cutoff`] at time `best`, with the least needs `room` after it.
-    fn cutoff(&self, best: f64, room: (u32, f64)) -> Cutoff<'_> {
+    fn cutoff(&self, best: f64, room: Room) -> Cutoff<'_> {
         Cutoff {
             inter: &self.inter,
             best,
@@ -600,11 +635,11 @@ impl<'p> Search<'p> {
     }
 
     /// Whether class `k`'s modules already run at `best` or slower by the bound once position
-    /// `pos` is placed (Δ final where no later position fits, [`Class::closed`]).
+    /// `pos` is placed ([`Class::delta_bound`] with the positions after it).
     fn doomed(&self, k: usize, pos: usize) -> bool {
         let class = &self.classes[k];
-        let closed = class.closed(self.room_after[pos]);
-        class.slowest_ms * (1.0 + class.delta(&self.inter, closed)) >= self.best
+        let delta = class.delta_bound(&self.inter, &self.room_after[pos], self.best);
+        class.slowest_ms * (1.0 + delta) >= self.best
     }
 
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
@@ -681,8 +716,10 @@ impl<'p> Search<'p> {
     /// only add to ΣB; the product term is non-negative) and exactly Eq. 8 once the GPU is
     /// *closed*: no later module has a candidate small enough to join it.
     fn bound(&self, pos: usize) -> f64 {
-        let room = self.room_after[pos];
-        self.slowest(&self.classes, &self.chosen, |c| c.closed(room))
+        let after = &self.room_after[pos];
+        self.slowest(&self.classes, &self.chosen, |c| {
+            c.delta_bound(&self.inter, after, self.best)
+        })
     }
 
     /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
@@ -744,13 +781,9 @@ struct Cutoff<'a> {
     inter: &'a Interference,
     /// The time every module must stay strictly below.
     best: f64,
-    /// The least needs (quota units, memory) of the positions still to place after it, which
-    /// say when a class is closed ([`Class::closed`]; [`OPEN`] for none).
-    room: (u32, f64),
+    /// What the positions still to place after it need to join a GPU.
+    room: Room,
 }
-
-/// Least needs that close no class: Δ stays its least value ([`Class::delta`]).
-const OPEN: (u32, f64) = (0, f64::NEG_INFINITY);
 
 /// Whether a GPU of `class` has room for one replica of `c` (at search position `pos`) and
 /// every module it would then host still runs faster than the cutoff, by Δ as the bound
@@ -760,8 +793,8 @@ fn admits(class: &Class, c: &Candidate, pos: usize, cutoff: &Cutoff) -> bool {
     let room = class.free_units >= c.units && class.free_mem + MEM_EPS >= c.mem_gib;
     room && {
         let new = class.hosting(pos, c, 0);
-        let closed = new.closed(cutoff.room);
-        new.slowest_ms * (1.0 + new.delta(cutoff.inter, closed)) < cutoff.best
+        let delta = new.delta_bound(cutoff.inter, &cutoff.room, cutoff.best);
+        new.slowest_ms * (1.0 + delta) < cutoff.best
     }
 }
 
