@@ -25,16 +25,17 @@
 //!   modules and backtracked at the bottom.
 //! - **Bounds**: (1) capacity: the quota units and memory the remaining modules need at least,
 //!   using only candidates faster than `best`, must fit in what is left; (2) interference: a
-//!   placed module's time is at least `T · (1 + e1 + e2 · ΣB)` on any GPU it already shares,
-//!   because later modules only add to ΣB and the product term is non-negative, and exactly
-//!   Eq. 8 on a GPU no later module can still fit on (*closed*).
+//!   GPU's Δ ends either as Eq. 8 gives it now, if no later module joins it, or at least
+//!   e1 + e2·(ΣB + B_min), B_min the least bandwidth of any later candidate (sums only grow and
+//!   the product term is never negative), and a later module joins only where that keeps the
+//!   GPU's slowest module below `best`. Not Eq. 8 as it is in both cases: Eq. 8's product term
+//!   falls when a module joins (ΠB shrinks).
 //! - **Placements the bound would cut off are never made.** A replica goes only to GPUs where
-//!   every module it would join, and itself, still runs below `best` by that bound. Where a
+//!   every module it would join, and itself, still run below `best` by that bound. Where a
 //!   GPU's modules already run at `best` or slower by it once the module is placed, the module
-//!   must join every such GPU: Δ's product term falls when a module joins (ΠB shrinks), and
-//!   only joining can lower Δ below that bound. A node is left when a module after it has no
-//!   candidate left with `dp` such GPUs: GPUs only fill and `best` only falls, so it never
-//!   will.
+//!   must join every such GPU: only joining can lower Δ there. A node is left when a module
+//!   after it has no candidate left with `dp` GPUs to go to: GPUs only fill and `best` only
+//!   falls, so it never will.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
 //! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
