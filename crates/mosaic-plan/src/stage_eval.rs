@@ -36,6 +36,13 @@
 //!   must join every such GPU: only joining can lower Δ there. A node is left when a module
 //!   after it has no candidate left with `dp` GPUs to go to: GPUs only fill and `best` only
 //!   falls, so it never will.
+//! - **Nor placements that strand the next module.** GPUs whose modules the bound times at
+//!   `best` or slower must be joined by the next module, and where none of its candidates
+//!   faster than `best` fits there, the node has no completion. So a replica never goes to a
+//!   GPU it would leave that way, and GPUs that are that way already must all take one. Found
+//!   on `zoo_shaped_profiles(3, 12, 32)`: its 9-encoder stages spent millions of nodes placing
+//!   the eighth module, each time to find that the ninth, which needs 30 GiB wherever it goes,
+//!   fitted on none of the GPUs it had to join.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
 //! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
@@ -275,6 +282,9 @@ struct Search<'p> {
     classes: Vec<Class>,
     /// Per position, reusable buffers for the classes with room, their sizes and a split.
     buffers: Vec<Buffers>,
+    /// Per position, the classes that strand the next position as they are
+    /// ([`Search::strands_next`]), found once per node.
+    stranding: Vec<Vec<usize>>,
     /// Per position, the candidate [`Search::still_placeable`] found placeable last.
     placeable: Vec<usize>,
     /// Per position, [`Search::need_after`] it, for the `best` of `need_best`.
@@ -326,6 +336,7 @@ impl<'p> Search<'p> {
             undo: Vec::new(),
             need: vec![None; room_after.len()],
             buffers: vec![Buffers::default(); room_after.len()],
+            stranding: vec![Vec::new(); room_after.len()],
             need_best: f64::NAN,
             free_units_total: units as u64 * problem.gpus as u64,
             free_mem_total: mem * problem.gpus as f64,
@@ -485,6 +496,13 @@ impl<'p> Search<'p> {
         if !(pos + 1..self.order.len()).all(|q| self.still_placeable(q)) {
             return;
         }
+        // The classes that strand the next position as they are, for every candidate of this
+        // node: `best` only falls, so those it would add later are only pruned less.
+        let mut stranding = std::mem::take(&mut self.stranding[pos]);
+        stranding.clear();
+        stranding
+            .extend((0..self.classes.len()).filter(|&k| self.strands_next(&self.classes[k], pos)));
+        self.stranding[pos] = stranding;
         let cands = &self.problem.cands[self.order[pos]];
         let within = cands.count_below(floor);
         let mut idx = within;
@@ -582,14 +600,19 @@ impl<'p> Search<'p> {
     /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
     /// A class whose modules the bound already times at `best` or more once this position is
     /// placed ([`Search::doomed`]) must take a replica on each of its GPUs: left as it is, the
-    /// bound cuts the placement off.
+    /// bound cuts the placement off. So must a class that strands the next position as it is,
+    /// and no replica goes where it would strand it ([`Search::strands_next`]).
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
         // This position's buffers: deeper positions use their own while these are out.
         let (mut fit, mut counts, mut split) = std::mem::take(&mut self.buffers[pos]);
         let cutoff = self.cutoff(self.best, self.room_after[pos]);
         eligible_into(&self.classes, c, pos, &cutoff, &mut fit);
-        // The doomed classes first; each must be eligible, and all of them take at most dp.
-        let doomed = (0..self.classes.len()).filter(|&k| self.doomed(k, pos));
+        // No replica where it would strand the next position.
+        fit.retain(|&k| !self.strands_next(&self.classes[k].hosting(pos, c, 0), pos));
+        // The classes this position must join (doomed, or stranding the next position as
+        // they are) first; each must be eligible, and all of them take at most dp.
+        let doomed = (0..self.classes.len())
+            .filter(|&k| self.doomed(k, pos) || self.stranding[pos].contains(&k));
         let (mut forced, mut forced_gpus, mut placeable) = (0, 0u64, true);
         for k in doomed {
             match fit.iter().position(|&f| f == k) {
@@ -641,6 +664,28 @@ impl<'p> Search<'p> {
         let class = &self.classes[k];
         let delta = class.delta_bound(&self.inter, &self.room_after[pos], self.best);
         class.slowest_ms * (1.0 + delta) >= self.best
+    }
+
+    /// Whether GPUs of `class`, as they are once position `pos` is placed, leave the position
+    /// after it no candidate: the bound times their modules at `best` or slower (so that
+    /// position must join them, [`Search::doomed`]), and none of its candidates faster than
+    /// `best` is admitted there.
+    fn strands_next(&self, class: &Class, pos: usize) -> bool {
+        let next = pos + 1;
+        if next == self.order.len() {
+            return false;
+        }
+        let after = &self.room_after[next];
+        let delta = class.delta_bound(&self.inter, after, self.best);
+        if class.slowest_ms * (1.0 + delta) < self.best {
+            return false;
+        }
+        let cutoff = self.cutoff(self.best, *after);
+        let list = &self.problem.cands[self.order[next]].list;
+        let below = list.partition_point(|c| c.time_ms < self.best);
+        !list[..below]
+            .iter()
+            .any(|c| admits(class, c, next, &cutoff))
     }
 
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
