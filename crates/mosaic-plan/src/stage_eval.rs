@@ -36,13 +36,15 @@
 //!   must join every such GPU: only joining can lower Δ there. A node is left when a module
 //!   after it has no candidate left with `dp` GPUs to go to: GPUs only fill and `best` only
 //!   falls, so it never will.
-//! - **Nor placements that strand the next module.** GPUs whose modules the bound times at
+//! - **Nor placements that strand a later module.** GPUs whose modules the bound times at
 //!   `best` or slower must be joined by the next module, and where none of its candidates
-//!   faster than `best` fits there, the node has no completion. So a replica never goes to a
-//!   GPU it would leave that way, and GPUs that are that way already must all take one. Found
-//!   on `zoo_shaped_profiles(3, 12, 32)`: its 9-encoder stages spent millions of nodes placing
-//!   the eighth module, each time to find that the ninth, which needs 30 GiB wherever it goes,
-//!   fitted on none of the GPUs it had to join.
+//!   faster than `best` fits there, the node has no completion. Nor has it where the next
+//!   module cannot join GPUs that the module after it would have to join and could not, and so
+//!   on, up to [`LOOKAHEAD`] modules ahead ([`Search::lost`]). So a replica never goes to a GPU
+//!   it would leave lost, and GPUs that are lost as they are must all take one. Found on
+//!   `zoo_shaped_profiles(3, 12, 32)`: its 9-encoder stages spent millions of nodes placing the
+//!   eighth module, and then the seventh, each time to find that the ninth, which needs 30 GiB
+//!   wherever it goes, fitted on none of the GPUs it had to join.
 //! - **Leaves** evaluate Eq. 8 exactly; a leaf replaces `best` only when strictly better.
 //!
 //! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
@@ -221,6 +223,10 @@ struct Room {
     bw: f64,
 }
 
+/// How many positions ahead [`Search::lost`] looks for GPUs that a later module must join but
+/// cannot.
+const LOOKAHEAD: usize = 3;
+
 /// The room of no module: nothing can join.
 const NOTHING_AFTER: Room = Room {
     units: u32::MAX,
@@ -282,9 +288,9 @@ struct Search<'p> {
     classes: Vec<Class>,
     /// Per position, reusable buffers for the classes with room, their sizes and a split.
     buffers: Vec<Buffers>,
-    /// Per position, the classes that strand the next position as they are
-    /// ([`Search::strands_next`]), found once per node.
-    stranding: Vec<Vec<usize>>,
+    /// Per position, the classes that are lost as they are once it is placed
+    /// ([`Search::lost_after`]), found once per node.
+    lost_as_is: Vec<Vec<usize>>,
     /// Per position, the candidate [`Search::still_placeable`] found placeable last.
     placeable: Vec<usize>,
     /// Per position, [`Search::need_after`] it, for the `best` of `need_best`.
@@ -336,7 +342,7 @@ impl<'p> Search<'p> {
             undo: Vec::new(),
             need: vec![None; room_after.len()],
             buffers: vec![Buffers::default(); room_after.len()],
-            stranding: vec![Vec::new(); room_after.len()],
+            lost_as_is: vec![Vec::new(); room_after.len()],
             need_best: f64::NAN,
             free_units_total: units as u64 * problem.gpus as u64,
             free_mem_total: mem * problem.gpus as f64,
@@ -496,13 +502,13 @@ impl<'p> Search<'p> {
         if !(pos + 1..self.order.len()).all(|q| self.still_placeable(q)) {
             return;
         }
-        // The classes that strand the next position as they are, for every candidate of this
-        // node: `best` only falls, so those it would add later are only pruned less.
-        let mut stranding = std::mem::take(&mut self.stranding[pos]);
-        stranding.clear();
-        stranding
-            .extend((0..self.classes.len()).filter(|&k| self.strands_next(&self.classes[k], pos)));
-        self.stranding[pos] = stranding;
+        // The classes lost as they are, for every candidate of this node: `best` only falls,
+        // so those it would add later are only pruned less.
+        let mut lost_as_is = std::mem::take(&mut self.lost_as_is[pos]);
+        lost_as_is.clear();
+        lost_as_is
+            .extend((0..self.classes.len()).filter(|&k| self.lost_after(&self.classes[k], pos)));
+        self.lost_as_is[pos] = lost_as_is;
         let cands = &self.problem.cands[self.order[pos]];
         let within = cands.count_below(floor);
         let mut idx = within;
@@ -600,19 +606,19 @@ impl<'p> Search<'p> {
     /// of them when there are at most `limits.splits`, else emptiest-first and fullest-first.
     /// A class whose modules the bound already times at `best` or more once this position is
     /// placed ([`Search::doomed`]) must take a replica on each of its GPUs: left as it is, the
-    /// bound cuts the placement off. So must a class that strands the next position as it is,
-    /// and no replica goes where it would strand it ([`Search::strands_next`]).
+    /// bound cuts the placement off. So must a class that is lost as it is, and no replica goes
+    /// where it would leave a class lost ([`Search::lost_after`]).
     fn place_all_ways(&mut self, pos: usize, idx: usize, c: &Candidate) {
         // This position's buffers: deeper positions use their own while these are out.
         let (mut fit, mut counts, mut split) = std::mem::take(&mut self.buffers[pos]);
         let cutoff = self.cutoff(self.best, self.room_after[pos]);
         eligible_into(&self.classes, c, pos, &cutoff, &mut fit);
-        // No replica where it would strand the next position.
-        fit.retain(|&k| !self.strands_next(&self.classes[k].hosting(pos, c, 0), pos));
-        // The classes this position must join (doomed, or stranding the next position as
-        // they are) first; each must be eligible, and all of them take at most dp.
+        // No replica where it would leave its GPUs lost.
+        fit.retain(|&k| !self.lost_after(&self.classes[k].hosting(pos, c, 0), pos));
+        // The classes this position must join (doomed, or lost as they are) first; each must
+        // be eligible, and all of them take at most dp.
         let doomed = (0..self.classes.len())
-            .filter(|&k| self.doomed(k, pos) || self.stranding[pos].contains(&k));
+            .filter(|&k| self.doomed(k, pos) || self.lost_as_is[pos].contains(&k));
         let (mut forced, mut forced_gpus, mut placeable) = (0, 0u64, true);
         for k in doomed {
             match fit.iter().position(|&f| f == k) {
@@ -666,26 +672,31 @@ impl<'p> Search<'p> {
         class.slowest_ms * (1.0 + delta) >= self.best
     }
 
-    /// Whether GPUs of `class`, as they are once position `pos` is placed, leave the position
-    /// after it no candidate: the bound times their modules at `best` or slower (so that
-    /// position must join them, [`Search::doomed`]), and none of its candidates faster than
-    /// `best` is admitted there.
-    fn strands_next(&self, class: &Class, pos: usize) -> bool {
-        let next = pos + 1;
-        if next == self.order.len() {
+    /// Whether GPUs of `class`, as they are once position `pos` is placed, leave the positions
+    /// after it no completion ([`Search::lost`]).
+    fn lost_after(&self, class: &Class, pos: usize) -> bool {
+        self.lost(class, pos + 1, LOOKAHEAD)
+    }
+
+    /// Whether GPUs of `class`, reaching position `p` as they are, are lost: position `p` must
+    /// join them — the bound times their modules at `best` or slower unless it does
+    /// ([`Search::doomed`]), or they are lost at the position after it as they are — and none
+    /// of its candidates faster than `best` is admitted there. Looks `depth` positions ahead.
+    fn lost(&self, class: &Class, p: usize, depth: usize) -> bool {
+        if p == self.order.len() || depth == 0 {
             return false;
         }
-        let after = &self.room_after[next];
+        let after = &self.room_after[p];
         let delta = class.delta_bound(&self.inter, after, self.best);
-        if class.slowest_ms * (1.0 + delta) < self.best {
+        let must_join =
+            class.slowest_ms * (1.0 + delta) >= self.best || self.lost(class, p + 1, depth - 1);
+        if !must_join {
             return false;
         }
         let cutoff = self.cutoff(self.best, *after);
-        let list = &self.problem.cands[self.order[next]].list;
+        let list = &self.problem.cands[self.order[p]].list;
         let below = list.partition_point(|c| c.time_ms < self.best);
-        !list[..below]
-            .iter()
-            .any(|c| admits(class, c, next, &cutoff))
+        !list[..below].iter().any(|c| admits(class, c, p, &cutoff))
     }
 
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
