@@ -242,7 +242,10 @@ pub fn solve(model: &PerfModel, gpus: u32, opts: &SolveOptions) -> Result<Plan, 
         }
         // Re-cut two or three adjacent stages into two with what time is left, then solve the
         // chosen stages 8× deeper still: their allocations were the best a capped StageEval
-        // found.
+        // found. The re-cuts try many stages, so they get the shallowest StageEval: at the
+        // depth the moves reached they tried too few (`zoo_shaped_profiles(1, 32, 32)` with
+        // interference planned at 330.2 ms in 2 s and at 298.8 ms in 1 s).
+        cache.set_limits(limits(HEURISTIC_LIMITS.nodes));
         let recut = split::improve(&mut cache, stages.clone(), deadline);
         cache.set_limits(limits(DEEPEST_NODES * 8));
         let polished: Vec<Rc<StageAlloc>> = recut
