@@ -332,6 +332,43 @@ fn the_analytical_profile_refuses_the_engines_flags() {
     ]);
 }
 
+/// The smallest grid: one model per generator and interference setting, the zoo's models, and
+/// StageEval alone on the zoo's widest stages and on the hard synthetic stage.
+#[test]
+fn bench_times_the_planner_and_stage_eval() {
+    let out = json_of(&[
+        "bench",
+        "--modules",
+        "8",
+        "--gpus",
+        "8",
+        "--seeds",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    let plans = out["plans"].as_array().unwrap();
+    let grid = plans.iter().filter(|r| r["modules"] == 8 && r["gpus"] == 8);
+    assert!(grid.count() >= 4, "two generators, interference on and off");
+    for r in plans {
+        assert!(r["optimal"].as_u64() <= r["models"].as_u64(), "{r}");
+        assert!(r["gap_median"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    let stages = out["stage_eval"].as_array().unwrap();
+    let cases: Vec<&str> = stages.iter().map(|r| r["case"].as_str().unwrap()).collect();
+    assert_eq!(stages.len(), 5, "{cases:?}");
+    let hard = &stages[4];
+    assert_eq!(hard["case"], "zoo-shaped (3, 12, 32): 10 encoders");
+    assert_eq!(
+        (hard["modules"].as_u64(), hard["gpus"].as_u64()),
+        (Some(10), Some(32))
+    );
+    assert!(stages
+        .iter()
+        .all(|r| r["median_ms"].as_f64().unwrap() >= 0.0));
+}
+
 #[test]
 fn bench_refuses_to_measure_nothing() {
     refused(&[

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use mosaic_plan::synthetic::{random_profiles, zoo_shaped_profiles};
 use mosaic_plan::{solve, Plan, Search, SolveOptions};
-use mosaic_profile::{Interference, PerfModel, ProfileFile};
+use mosaic_profile::{Interference, ModuleModel, ModuleSet, PerfModel, ProfileFile};
 
 #[cfg(feature = "engine")]
 mod block;
@@ -194,6 +194,13 @@ const GENERATORS: [(&str, Generator); 2] = [
     ("zoo-shaped", zoo_shaped_profiles),
 ];
 
+/// Issue 13's interference coefficients, the same for both generators.
+const ISSUE_13_INTERFERENCE: Interference = Interference {
+    e1: 0.02,
+    e2: 0.05,
+    e3: 0.3,
+};
+
 /// The planner's grid, then the zoo's models, then StageEval alone.
 fn run_plans(args: PlanArgs) -> Result<()> {
     let mut rows = Vec::new();
@@ -204,16 +211,11 @@ fn run_plans(args: PlanArgs) -> Result<()> {
                     let models = (0..args.seeds)
                         .map(|seed| {
                             let mut file = generate(seed, modules, gpus);
-                            if interference {
-                                // Issue 13's coefficients, the same for both generators.
-                                file.interference = Interference {
-                                    e1: 0.02,
-                                    e2: 0.05,
-                                    e3: 0.3,
-                                };
+                            file.interference = if interference {
+                                ISSUE_13_INTERFERENCE
                             } else {
-                                file.interference = Interference::default();
-                            }
+                                Interference::default()
+                            };
                             PerfModel::new(&file, 0.1, name)
                         })
                         .collect::<Result<Vec<_>, _>>()?;
@@ -264,12 +266,12 @@ fn run_plans(args: PlanArgs) -> Result<()> {
         );
     }
     println!(
-        "\n{:<34} {:>7} {:>4} {:>14}",
+        "\n{:<38} {:>7} {:>4} {:>14}",
         "StageEval of one stage", "modules", "gpus", "median ms"
     );
     for r in stage_rows {
         println!(
-            "{:<34} {:>7} {:>4} {:>14.3}",
+            "{:<38} {:>7} {:>4} {:>14.3}",
             r.case, r.modules, r.gpus, r.median_ms
         );
     }
@@ -285,8 +287,11 @@ struct StageRow {
     median_ms: f64,
 }
 
-/// Times StageEval alone on the widest stage of the zoo: all of a model's source modules
-/// (those with no producer) sharing the pool, solved from scratch each time.
+/// Times StageEval alone on the widest stage of the zoo, all of a model's source modules (those
+/// with no producer) sharing the pool, and on a hard synthetic stage: the ten encoders of
+/// `zoo_shaped_profiles(3, 12, 32)` with issue 13's interference, whose last module placed
+/// cannot join the GPUs the bound says it must (not proven in 10 s before StageEval looked
+/// for lost GPUs). Each is solved from scratch every time.
 fn stage_eval_rows(args: &PlanArgs) -> Result<Vec<StageRow>> {
     let mut rows = Vec::new();
     for name in ["imagebind", "ofasys"] {
@@ -294,31 +299,56 @@ fn stage_eval_rows(args: &PlanArgs) -> Result<Vec<StageRow>> {
         for cluster in ["h100x8", "h100x32"] {
             let cluster = mosaic_zoo::cluster(cluster)?;
             let model = PerfModel::new(&mosaic_zoo::profile(&spec, &cluster), 0.1, name)?;
-            let problem = mosaic_plan::Problem::new(&model, cluster.gpus())?;
-            let sources = model
-                .modules
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| m.parents.is_empty())
-                .fold(mosaic_profile::ModuleSet::EMPTY, |s, (i, _)| {
-                    s.union(mosaic_profile::ModuleSet::single(i))
-                });
-            let times: Vec<f64> = (0..args.repeats)
-                .map(|_| {
-                    let t = Instant::now();
-                    let alloc = mosaic_plan::stage_eval(&problem, sources, f64::INFINITY);
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    assert!(alloc.is_some(), "the sources of a zoo model fit their pool");
-                    ms
-                })
-                .collect();
-            rows.push(StageRow {
-                case: format!("{name}: its {} source modules", sources.len()),
-                modules: sources.len(),
-                gpus: cluster.gpus(),
-                median_ms: median(&times),
-            });
+            let sources = modules_where(&model, |m| m.parents.is_empty());
+            let case = format!("{name}: its {} source modules", sources.len());
+            rows.push(time_stage(
+                case,
+                &model,
+                cluster.gpus(),
+                sources,
+                args.repeats,
+            )?);
         }
     }
+    let mut file = zoo_shaped_profiles(3, 12, 32);
+    file.interference = ISSUE_13_INTERFERENCE;
+    let model = PerfModel::new(&file, 0.1, "zoo-shaped")?;
+    let encoders = modules_where(&model, |m| m.name.starts_with("enc"));
+    let case = format!("zoo-shaped (3, 12, 32): {} encoders", encoders.len());
+    rows.push(time_stage(case, &model, 32, encoders, args.repeats)?);
     Ok(rows)
+}
+
+/// The modules of `model` that `keep` selects.
+fn modules_where(model: &PerfModel, keep: impl Fn(&ModuleModel) -> bool) -> ModuleSet {
+    model
+        .modules
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| keep(m))
+        .fold(ModuleSet::EMPTY, |s, (i, _)| s.union(ModuleSet::single(i)))
+}
+
+/// The median time of `repeats` exact StageEval runs on `set` over `gpus` GPUs.
+fn time_stage(
+    case: String,
+    model: &PerfModel,
+    gpus: u32,
+    set: ModuleSet,
+    repeats: u64,
+) -> Result<StageRow> {
+    let problem = mosaic_plan::Problem::new(model, gpus)?;
+    let mut times = Vec::new();
+    for _ in 0..repeats {
+        let t = Instant::now();
+        let alloc = mosaic_plan::stage_eval(&problem, set, f64::INFINITY);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(alloc.is_some(), "{case}: no allocation fits the pool");
+    }
+    Ok(StageRow {
+        case,
+        modules: set.len(),
+        gpus,
+        median_ms: median(&times),
+    })
 }
