@@ -618,7 +618,7 @@ impl<'p> Search<'p> {
         // The classes this position must join (doomed, or lost as they are) first; each must
         // be eligible, and all of them take at most dp.
         let doomed = (0..self.classes.len())
-            .filter(|&k| self.doomed(k, pos) || self.lost_as_is[pos].contains(&k));
+            .filter(|&k| self.doomed(&self.classes[k], pos) || self.lost_as_is[pos].contains(&k));
         let (mut forced, mut forced_gpus, mut placeable) = (0, 0u64, true);
         for k in doomed {
             match fit.iter().position(|&f| f == k) {
@@ -664,10 +664,9 @@ impl<'p> Search<'p> {
         self.buffers[pos] = (fit, counts, split);
     }
 
-    /// Whether class `k`'s modules already run at `best` or slower by the bound once position
-    /// `pos` is placed ([`Class::delta_bound`] with the positions after it).
-    fn doomed(&self, k: usize, pos: usize) -> bool {
-        let class = &self.classes[k];
+    /// Whether the modules of `class` already run at `best` or slower by the bound once
+    /// position `pos` is placed ([`Class::delta_bound`] with the positions after it).
+    fn doomed(&self, class: &Class, pos: usize) -> bool {
         let delta = class.delta_bound(&self.inter, &self.room_after[pos], self.best);
         class.slowest_ms * (1.0 + delta) >= self.best
     }
@@ -686,17 +685,15 @@ impl<'p> Search<'p> {
         if p == self.order.len() || depth == 0 {
             return false;
         }
-        let after = &self.room_after[p];
-        let delta = class.delta_bound(&self.inter, after, self.best);
-        let must_join =
-            class.slowest_ms * (1.0 + delta) >= self.best || self.lost(class, p + 1, depth - 1);
-        if !must_join {
+        if !(self.doomed(class, p) || self.lost(class, p + 1, depth - 1)) {
             return false;
         }
-        let cutoff = self.cutoff(self.best, *after);
-        let list = &self.problem.cands[self.order[p]].list;
-        let below = list.partition_point(|c| c.time_ms < self.best);
-        !list[..below].iter().any(|c| admits(class, c, p, &cutoff))
+        let cutoff = self.cutoff(self.best, self.room_after[p]);
+        let cands = &self.problem.cands[self.order[p]];
+        let below = cands.count_below(self.best);
+        !cands.list[..below]
+            .iter()
+            .any(|c| admits(class, c, p, &cutoff))
     }
 
     /// Enumerates how many replicas go to each class of `fit[split.len()..]`, `left` still to
