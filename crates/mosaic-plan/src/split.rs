@@ -112,7 +112,7 @@ struct Splits<'c, 'p> {
     upper: f64,
     deadline: Instant,
     best: Option<(Rc<StageAlloc>, Rc<StageAlloc>)>,
-    /// Search nodes, to check the deadline every 64.
+    /// Search nodes, to check the deadline every 64 (and at every split solved).
     visits: u64,
 }
 
@@ -131,6 +131,10 @@ impl Splits<'_, '_> {
         let Some(&m) = self.free.get(k) else {
             if first.is_empty() || second.is_empty() {
                 return true;
+            }
+            // A split costs two StageEvals: none after the deadline.
+            if Instant::now() >= self.deadline {
+                return false;
             }
             if let Some(a) = self.cache.eval_below(first, self.upper - floors.1) {
                 if let Some(b) = self.cache.eval_below(second, self.upper - a.time_ms) {

@@ -470,7 +470,8 @@ impl<'p> Search<'p> {
             return true;
         }
         self.nodes += 1;
-        let clock = self.nodes.is_multiple_of(CLOCK_EVERY)
+        // The first node too: a call made after the deadline stops after its greedy packing.
+        let clock = (self.nodes == 1 || self.nodes.is_multiple_of(CLOCK_EVERY))
             && self.limits.deadline.is_some_and(|d| Instant::now() >= d);
         if self.nodes > self.limits.nodes || clock {
             self.stopped = true;
