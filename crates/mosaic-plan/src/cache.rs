@@ -103,6 +103,21 @@ impl<'p> StageCache<'p> {
         self.limits.nodes == u64::MAX && self.limits.splits == u64::MAX
     }
 
+    /// A proven lower bound on the time of `set` as a stage: what searches proved of it, and at
+    /// first sight [`Problem::lower_bound`] (infinite when it cannot be placed).
+    pub fn at_least(&mut self, set: ModuleSet) -> f64 {
+        let problem = self.problem;
+        self.map
+            .entry(set)
+            .or_insert_with(|| Entry {
+                best: None,
+                at_least: problem.lower_bound(set),
+                tried: f64::NEG_INFINITY,
+                tried_nodes: 0,
+            })
+            .at_least
+    }
+
     /// The best allocation of `set`, or `None` if it cannot be placed (or none was found).
     pub fn eval(&mut self, set: ModuleSet) -> Option<Rc<StageAlloc>> {
         self.eval_below(set, f64::INFINITY)
@@ -130,23 +145,7 @@ impl<'p> StageCache<'p> {
                 return below;
             }
         }
-        let bound = match self.map.get(&set) {
-            Some(e) => e.at_least,
-            None => {
-                let bound = self.problem.lower_bound(set);
-                self.map.insert(
-                    set,
-                    Entry {
-                        best: None,
-                        at_least: bound,
-                        tried: f64::NEG_INFINITY,
-                        tried_nodes: 0,
-                    },
-                );
-                bound
-            }
-        };
-        if bound >= cutoff {
+        if self.at_least(set) >= cutoff {
             self.stats.pruned += 1;
             return None;
         }

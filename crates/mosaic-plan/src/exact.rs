@@ -8,12 +8,18 @@
 //! - **Heuristic** h(D) (admissible): the Lagrangian lower bound of `bound.rs` on the modules
 //!   outside D, which combines their critical path and their quota area × time over the pool's
 //!   SM capacity.
-//! - **Pruning**: a step is solved only below the cutoff that could still improve its target
-//!   and beat the incumbent, via the cached StageEval with a cutoff.
+//! - **Lazy steps**: expanding a down-set solves no StageEval. Each step out of it enters the
+//!   open list at f = g + (a proven lower bound on its stage) + h, and its stage is solved
+//!   when that entry comes first, below the cutoff that could still improve its target and
+//!   beat the incumbent; the down-set it reaches then enters at its real cost. A step whose
+//!   bound already misses the cutoff never enters. Wide fan-ins have thousands of possible
+//!   next stages per down-set, and solving each of them at once, as before, spent the budget
+//!   on stages no better plan uses.
 //! - **Deadline**: the search stops at a deadline, anywhere, StageEval included. A stopped
 //!   search still proves something: every plan faster than the incumbent passes through an
-//!   open down-set, so the least f = g + h among them (and the one being expanded) bounds the
-//!   optimum from below — provided every StageEval answer it used was proven.
+//!   open entry, so the least f among them (and the one being processed) bounds the optimum
+//!   from below — provided every StageEval answer it used was proven. So does a search whose
+//!   open list outgrows [`MAX_OPEN`] entries.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -52,25 +58,37 @@ pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
     let mut better = None;
     let mut finished = true;
     let mut lower = upper;
-    // Unproven answers met before the last expansion began; the last one's are covered by
-    // its own f, which the bound includes.
+    // Unproven answers met before the last entry was processed; the last one's are covered
+    // by its own f, which the bound includes.
     let mut unproven = 0;
-    while let Some(Open(f, done_bits)) = search.open.pop() {
-        let done = ModuleSet(done_bits);
-        let g = search.best[&done_bits].0;
-        if f - search.h.of(done) > g + 1e-9 * g.max(1.0) {
-            continue; // stale heap entry
+    while let Some(open) = search.open.pop() {
+        let g = open.g;
+        if search.best[&open.from].0 < g - 1e-9 * g.max(1.0) {
+            continue; // stale: a cheaper way to its down-set was opened since
         }
-        if done == search.h.all {
-            better = Some(path(&search.best, done_bits));
-            lower = f;
-            break;
-        }
-        unproven = search.cache.stats.unproven - unproven_before;
-        if Instant::now() >= deadline || !search.expand(done, g) {
+        let went_on = if open.from != open.target {
+            unproven = search.cache.stats.unproven - unproven_before;
+            search.solve(&open);
+            true
+        } else {
+            let done = ModuleSet(open.target);
+            if done == search.h.all {
+                better = Some(path(&search.best, open.target));
+                lower = open.f;
+                break;
+            }
+            unproven = search.cache.stats.unproven - unproven_before;
+            search.expand(done, g)
+        };
+        if !went_on || Instant::now() >= deadline {
             finished = false;
-            // Every faster plan passes through an open down-set or the one being expanded.
-            lower = search.open.iter().map(|o| o.0).fold(f, f64::min).min(upper);
+            // Every faster plan passes through an open entry or the one just processed.
+            lower = search
+                .open
+                .iter()
+                .map(|o| o.f)
+                .fold(open.f, f64::min)
+                .min(upper);
             break;
         }
     }
@@ -85,9 +103,21 @@ pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
     }
 }
 
-/// An open-list entry: (f = g + h, down-set).
-#[derive(PartialEq)]
-struct Open(f64, u64);
+/// An open-list entry, least f first: down-set `target`, reached at cost `g` (f = g + h;
+/// `from` is `target`), or a step to it from down-set `from`, reached at cost `g`, whose stage
+/// (`target` less `from`) is only bounded so far (f = g + bound + h).
+struct Open {
+    f: f64,
+    g: f64,
+    from: u64,
+    target: u64,
+}
+
+impl PartialEq for Open {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
 impl Eq for Open {}
 impl PartialOrd for Open {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -95,14 +125,19 @@ impl PartialOrd for Open {
     }
 }
 impl Ord for Open {
-    // Min-heap on f, then on the larger down-set (deeper first).
+    // Min-heap on f, then the larger down-set (deeper first), then down-sets before steps.
     fn cmp(&self, other: &Self) -> Ordering {
         other
-            .0
-            .total_cmp(&self.0)
-            .then(self.1.count_ones().cmp(&other.1.count_ones()))
+            .f
+            .total_cmp(&self.f)
+            .then(self.target.count_ones().cmp(&other.target.count_ones()))
+            .then((self.from == self.target).cmp(&(other.from == other.target)))
     }
 }
+
+/// The most entries the open list holds (32 bytes each): past it the search stops, with
+/// the bound its open entries prove.
+const MAX_OPEN: usize = 1 << 21;
 
 /// The A* search's state over the down-sets.
 struct Search<'c, 'p> {
@@ -125,7 +160,12 @@ impl<'c, 'p> Search<'c, 'p> {
         best.insert(0, (0.0, 0, None));
         let h0 = h.of(ModuleSet::EMPTY);
         let mut open = BinaryHeap::new();
-        open.push(Open(h0, 0));
+        open.push(Open {
+            f: h0,
+            g: 0.0,
+            from: 0,
+            target: 0,
+        });
         Search {
             cache,
             h,
@@ -137,8 +177,8 @@ impl<'c, 'p> Search<'c, 'p> {
         }
     }
 
-    /// Tries every next stage from down-set `done`, reached at cost `g`; false when the
-    /// deadline stopped it.
+    /// Opens every step out of down-set `done`, reached at cost `g`, at the bound of its stage;
+    /// false when the deadline or the open list's size stopped it.
     fn expand(&mut self, done: ModuleSet, g: f64) -> bool {
         let model = self.h.model;
         let avail = ModuleSet(
@@ -158,26 +198,49 @@ impl<'c, 'p> Search<'c, 'p> {
             if self.ticks.is_multiple_of(64) && Instant::now() >= self.deadline {
                 return false;
             }
-            self.step(done, g, stage);
+            let next = done.union(stage);
+            let h = self.h.of(next);
+            let cutoff = self.cutoff(next, h) - g;
+            let floor = stage.iter().map(|m| self.h.min_time[m]).fold(0.0, f64::max);
+            if floor >= cutoff {
+                continue;
+            }
+            let bound = self.cache.at_least(stage).max(floor);
+            if bound < cutoff {
+                self.open.push(Open {
+                    f: g + bound + h,
+                    g,
+                    from: done.0,
+                    target: next.0,
+                });
+            }
         }
-        Instant::now() < self.deadline
+        self.open.len() <= MAX_OPEN && Instant::now() < self.deadline
     }
 
-    /// Solves the step `done` → `done ∪ stage` below the cutoff that could still improve its
-    /// target and beat `upper`; records and opens the target if it does.
-    fn step(&mut self, done: ModuleSet, g: f64, stage: ModuleSet) {
-        let next = done.union(stage);
-        let h = self.h.of(next);
+    /// The cost below which a path to down-set `next` (whose heuristic is `h`) improves on
+    /// the best known way there and can beat the incumbent.
+    fn cutoff(&self, next: ModuleSet, h: f64) -> f64 {
         let known = self.best.get(&next.0).map_or(f64::INFINITY, |b| b.0);
-        let cutoff = known.min(self.upper - h) - g;
-        let floor = stage.iter().map(|m| self.h.min_time[m]).fold(0.0, f64::max);
-        if floor >= cutoff {
-            return;
-        }
+        known.min(self.upper - h)
+    }
+
+    /// Solves the stage of `step` below the cutoff that could still improve its target and
+    /// beat `upper`; records and opens the target if it does.
+    fn solve(&mut self, step: &Open) {
+        let next = ModuleSet(step.target);
+        let stage = next.minus(ModuleSet(step.from));
+        let h = self.h.of(next);
+        let cutoff = self.cutoff(next, h) - step.g;
         if let Some(alloc) = self.cache.eval_below(stage, cutoff) {
-            let cost = g + alloc.time_ms;
-            self.best.insert(next.0, (cost, done.0, Some(alloc)));
-            self.open.push(Open(cost + h, next.0));
+            let cost = step.g + alloc.time_ms;
+            self.best.insert(next.0, (cost, step.from, Some(alloc)));
+            self.open.push(Open {
+                f: cost + h,
+                g: cost,
+                from: next.0,
+                target: next.0,
+            });
         }
     }
 }
@@ -222,4 +285,35 @@ pub fn steps(model: &PerfModel, cap: u64) -> u64 {
         }
     }
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bound::fixture::{model, Module};
+    use crate::Problem;
+
+    /// Six independent modules on one GPU, each 10 ms on all of it and 10 / q ms on a quota q
+    /// (perfect scaling, no interference): stages of 1, 2 or 5 modules split the GPU exactly,
+    /// so every plan of such stages takes 60 ms, which the bound sees. The search proves it
+    /// solving a few stages; solving every step out of the empty down-set at once, as the
+    /// search did before its steps were lazy, solved all 63 subsets first.
+    #[test]
+    fn steps_are_solved_only_when_they_come_first() {
+        let scaling: Vec<(f64, f64)> = (1..=10)
+            .map(|k| (f64::from(k) / 10.0, 100.0 / f64::from(k)))
+            .collect();
+        let names = ["m0", "m1", "m2", "m3", "m4", "m5"];
+        let modules: Vec<Module> = names.iter().map(|m| (*m, "", &scaling[..])).collect();
+        let model = model(&modules, 0.1);
+        let problem = Problem::new(&model, 1).unwrap();
+        let mut cache = StageCache::new(&problem);
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let found = exact(&mut cache, f64::INFINITY, far);
+        assert!(found.finished);
+        let plan = found.better.unwrap();
+        let total: f64 = plan.iter().map(|s| s.time_ms).sum();
+        assert!((total - 60.0).abs() < 1e-9, "{total}");
+        assert!(cache.stats.solved <= 6, "{:?}", cache.stats);
+    }
 }

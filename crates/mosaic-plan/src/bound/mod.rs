@@ -303,17 +303,17 @@ fn comparable(model: &PerfModel) -> Vec<ModuleSet> {
         .collect()
 }
 
-/// Small models for the bound's tests.
+/// Small models for the crate's tests.
 #[cfg(test)]
-pub(super) mod fixture {
+pub(crate) mod fixture {
     use mosaic_profile::{parse, PerfModel};
 
     /// A module: its name, its producers (quoted names, comma-separated) and its samples at
     /// dp 1 as (SM share, ms).
-    pub(in crate::bound) type Module<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
+    pub(crate) type Module<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
 
     /// A model of a 100-SM device without interference.
-    pub(in crate::bound) fn model(modules: &[Module], granularity: f64) -> PerfModel {
+    pub(crate) fn model(modules: &[Module], granularity: f64) -> PerfModel {
         let list: Vec<String> = modules
             .iter()
             .map(|(name, after, samples)| {
