@@ -9,7 +9,8 @@
 //!   outside D, which combines their critical path and their quota area × time over the pool's
 //!   SM capacity.
 //! - **Lazy steps**: expanding a down-set solves no StageEval. Each step out of it enters the
-//!   open list at f = g + (a proven lower bound on its stage) + h, and its stage is solved
+//!   open list at f = g + (a proven lower bound on its stage: what the cache knows of it, and
+//!   its modules' stage-packing weights together) + h, and its stage is solved
 //!   when that entry comes first, below the cutoff that could still improve its target and
 //!   beat the incumbent; the down-set it reaches then enters at its real cost. A step whose
 //!   bound already misses the cutoff never enters. Wide fan-ins have thousands of possible
@@ -145,6 +146,8 @@ struct Search<'c, 'p> {
     h: LowerBound<'p>,
     upper: f64,
     deadline: Instant,
+    /// Per module, its stage-packing weight: a stage holding a set takes at least their sum.
+    packed: Vec<f64>,
     best: Best,
     open: BinaryHeap<Open>,
     /// Stages tried, to check the deadline every 64.
@@ -168,6 +171,7 @@ impl<'c, 'p> Search<'c, 'p> {
         });
         Search {
             cache,
+            packed: inputs.packed.clone(),
             h,
             upper,
             deadline,
@@ -205,7 +209,8 @@ impl<'c, 'p> Search<'c, 'p> {
             if floor >= cutoff {
                 continue;
             }
-            let bound = self.cache.at_least(stage).max(floor);
+            let weight: f64 = stage.iter().map(|m| self.packed[m]).sum();
+            let bound = self.cache.at_least(stage).max(floor).max(weight);
             if bound < cutoff {
                 self.open.push(Open {
                     f: g + bound + h,
