@@ -67,8 +67,8 @@ pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
         if search.best[&open.from].0 < g - 1e-9 * g.max(1.0) {
             continue; // stale: a cheaper way to its down-set was opened since
         }
+        unproven = search.cache.stats.unproven - unproven_before;
         let went_on = if open.from != open.target {
-            unproven = search.cache.stats.unproven - unproven_before;
             search.solve(&open);
             true
         } else {
@@ -78,7 +78,6 @@ pub fn exact(cache: &mut StageCache, upper: f64, deadline: Instant) -> Exact {
                 lower = open.f;
                 break;
             }
-            unproven = search.cache.stats.unproven - unproven_before;
             search.expand(done, g)
         };
         if !went_on || Instant::now() >= deadline {
@@ -146,8 +145,6 @@ struct Search<'c, 'p> {
     h: LowerBound<'p>,
     upper: f64,
     deadline: Instant,
-    /// Per module, its stage-packing weight: a stage holding a set takes at least their sum.
-    packed: Vec<f64>,
     best: Best,
     open: BinaryHeap<Open>,
     /// Stages tried, to check the deadline every 64.
@@ -171,7 +168,6 @@ impl<'c, 'p> Search<'c, 'p> {
         });
         Search {
             cache,
-            packed: inputs.packed.clone(),
             h,
             upper,
             deadline,
@@ -209,8 +205,8 @@ impl<'c, 'p> Search<'c, 'p> {
             if floor >= cutoff {
                 continue;
             }
-            let weight: f64 = stage.iter().map(|m| self.packed[m]).sum();
-            let bound = self.cache.at_least(stage).max(floor).max(weight);
+            // At least `floor` too: the cache's bound at first sight is.
+            let bound = self.cache.at_least(stage).max(self.h.packed(stage));
             if bound < cutoff {
                 self.open.push(Open {
                     f: g + bound + h,

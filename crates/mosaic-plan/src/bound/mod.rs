@@ -186,6 +186,11 @@ impl<'m> LowerBound<'m> {
         h
     }
 
+    /// The stage-packing weights of `set`: no stage holding it lasts less.
+    pub(crate) fn packed(&self, set: ModuleSet) -> f64 {
+        set.iter().map(|m| self.packed[m]).sum()
+    }
+
     /// [`LowerBound::of`], computed.
     fn compute(&mut self, done: ModuleSet) -> f64 {
         self.per_group(done).iter().map(|g| g.1).sum()
@@ -229,10 +234,7 @@ impl<'m> LowerBound<'m> {
         }
         best.iter()
             .zip(members)
-            .map(|(&lagrangian, set)| {
-                let packed: f64 = set.iter().map(|m| self.packed[m]).sum();
-                (set, lagrangian.max(packed))
-            })
+            .map(|(&lagrangian, set)| (set, lagrangian.max(self.packed(set))))
             .collect()
     }
 }
