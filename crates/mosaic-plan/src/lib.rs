@@ -190,7 +190,9 @@ impl Default for SolveOptions {
 /// optimal; the exact search lifts the caps). 4,096 nodes: on 480 random stages of 2–14
 /// modules of zoo-shaped models, 116 allocations came out faster than at 256 nodes (by up to
 /// 38 %) and none slower, for a median call of 69 µs against 67 (30 ms at worst), and the
-/// plans of 24–32 modules with them (README, "Measured").
+/// plans of 24–32 modules with them (README, "Measured"). A call that stops at the cap with an
+/// allocation then spends as many nodes again re-placing its neighbourhoods
+/// (`stage_eval/neighbourhood.rs`).
 pub const HEURISTIC_LIMITS: Limits = Limits {
     deadline: None,
     nodes: 4096,

@@ -50,8 +50,12 @@
 //! Invariant: with [`Limits::EXACT`] the search visits, up to GPU relabelling, every allocation
 //! whose stage time is below the incumbent, so the result is optimal. [`Limits`] may cap the
 //! search: a deadline, a number of nodes, and a number of replica splits per placement beyond
-//! which only two (emptiest GPUs first, fullest first) are tried. A capped search returns the
-//! best allocation it found and says it is not proven ([`Outcome::proven`]).
+//! which only two (emptiest GPUs first, fullest first) are tried. A capped search that found an
+//! allocation improves it by a large-neighbourhood search with as many nodes again
+//! (`neighbourhood.rs`: the slowest modules and a few beside them re-placed, the rest kept),
+//! returns the best allocation it found and says it is not proven ([`Outcome::proven`]).
+
+mod neighbourhood;
 
 use std::time::Instant;
 
@@ -123,36 +127,51 @@ pub fn stage_eval(problem: &Problem, set: ModuleSet, cutoff: f64) -> Option<Stag
 }
 
 /// Solves one stage within `limits`: the best allocation found strictly below `cutoff`, and
-/// whether the search was complete.
+/// whether the search was complete. Where a capped search stops with an allocation, a
+/// large-neighbourhood search (`neighbourhood.rs`) improves it with as many nodes again.
 pub fn stage_eval_within(
     problem: &Problem,
     set: ModuleSet,
     cutoff: f64,
     limits: &Limits,
 ) -> Outcome {
-    let mut order: Vec<usize> = set.iter().collect();
-    if order.is_empty() || order.iter().any(|&m| problem.cands[m].is_empty()) {
+    if set.is_empty() || set.iter().any(|m| problem.cands[m].is_empty()) {
         return Outcome {
             alloc: None,
             proven: true,
         };
     }
-    // Bottleneck modules first: they raise the lower bound earliest.
-    order.sort_by(|&a, &b| {
-        problem.cands[b]
-            .min_time()
-            .total_cmp(&problem.cands[a].min_time())
-            .then(a.cmp(&b))
-    });
-    let mut search = Search::new(problem, order, cutoff, *limits);
+    let mut search = Search::new(problem, bottlenecks_first(problem, set), cutoff, *limits);
     if let Some((t, sol)) = search.greedy() {
         search.best = t;
         search.best_sol = Some(sol);
     }
     search.dfs(0, 0.0);
     let proven = search.complete;
-    let alloc = search.best_sol.take().map(|sol| search.finish(set, &sol));
+    let found = search.best_sol.take().map(|sol| search.finish(set, &sol));
+    let alloc = match found {
+        Some(found) if !proven => Some(neighbourhood::improve(
+            problem,
+            &search.order,
+            found,
+            limits,
+        )),
+        found => found,
+    };
     Outcome { alloc, proven }
+}
+
+/// The modules of `set` in decreasing order of their fastest times: they raise the lower bound
+/// earliest.
+fn bottlenecks_first(problem: &Problem, set: ModuleSet) -> Vec<usize> {
+    let mut order: Vec<usize> = set.iter().collect();
+    order.sort_by(|&a, &b| {
+        problem.cands[b]
+            .min_time()
+            .total_cmp(&problem.cands[a].min_time())
+            .then(a.cmp(&b))
+    });
+    order
 }
 
 /// GPUs that host exactly the same search positions, hence are in the same state.
@@ -777,9 +796,19 @@ impl<'p> Search<'p> {
         })
     }
 
-    /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
-    /// classes it chose.
+    /// Writes a solution out on numbered GPUs (each pick takes the lowest-numbered GPUs of the
+    /// classes it chose) with Eq. 8 per GPU.
     fn finish(&self, set: ModuleSet, sol: &Solution) -> StageAlloc {
+        let placed = self.numbered(sol);
+        let placed = placed
+            .into_iter()
+            .map(|(pos, idx, gpus)| (self.order[pos], idx, gpus));
+        alloc(self.problem, set, placed.collect())
+    }
+
+    /// The picks of `sol` on numbered GPUs, as (position, candidate index, GPUs ascending):
+    /// each pick takes the lowest-numbered GPUs of the classes it chose.
+    fn numbered(&self, sol: &Solution) -> Vec<(usize, usize, Vec<u32>)> {
         let g = self.problem.gpus as usize;
         let mut hosted = vec![0u64; g];
         let mut placed: Vec<(usize, usize, Vec<u32>)> = Vec::with_capacity(sol.picks.len());
@@ -800,33 +829,40 @@ impl<'p> Search<'p> {
             gpus.sort_unstable();
             placed.push((*pos, *idx, gpus));
         }
-        // Eq. 8 per GPU, from what it finally hosts.
-        let mut bws: Vec<Vec<f64>> = vec![Vec::new(); g];
-        for (pos, idx, gpus) in &placed {
-            for &x in gpus {
-                bws[x as usize].push(self.cand(*pos, *idx).bw_util);
+        placed
+    }
+}
+
+/// The allocation of `set` that places each module at candidate `idx` on `gpus`, as
+/// (module, idx, GPUs) in `placed`, with Eq. 8 per GPU from what it finally hosts.
+fn alloc(problem: &Problem, set: ModuleSet, placed: Vec<(usize, usize, Vec<u32>)>) -> StageAlloc {
+    let cand = |m: usize, idx: usize| problem.cands[m].list[idx];
+    let mut bws: Vec<Vec<f64>> = vec![Vec::new(); problem.gpus as usize];
+    for (m, idx, gpus) in &placed {
+        for &x in gpus {
+            bws[x as usize].push(cand(*m, *idx).bw_util);
+        }
+    }
+    let inter = problem.model.interference;
+    let delta: Vec<f64> = bws.into_iter().map(|b| inter.delta(b)).collect();
+    let mut placements: Vec<Placement> = placed
+        .into_iter()
+        .map(|(module, idx, gpus)| {
+            let worst = gpus.iter().map(|&x| delta[x as usize]).fold(0.0, f64::max);
+            let choice = cand(module, idx);
+            Placement {
+                module,
+                choice,
+                gpus,
+                time_ms: choice.time_ms * (1.0 + worst),
             }
-        }
-        let delta: Vec<f64> = bws.into_iter().map(|b| self.inter.delta(b)).collect();
-        let mut placements: Vec<Placement> = placed
-            .into_iter()
-            .map(|(pos, idx, gpus)| {
-                let worst = gpus.iter().map(|&x| delta[x as usize]).fold(0.0, f64::max);
-                let choice = *self.cand(pos, idx);
-                Placement {
-                    module: self.order[pos],
-                    choice,
-                    gpus,
-                    time_ms: choice.time_ms * (1.0 + worst),
-                }
-            })
-            .collect();
-        placements.sort_by_key(|p| p.module);
-        StageAlloc {
-            set,
-            time_ms: placements.iter().map(|p| p.time_ms).fold(0.0, f64::max),
-            placements,
-        }
+        })
+        .collect();
+    placements.sort_by_key(|p| p.module);
+    StageAlloc {
+        set,
+        time_ms: placements.iter().map(|p| p.time_ms).fold(0.0, f64::max),
+        placements,
     }
 }
 
