@@ -603,8 +603,9 @@ proptest! {
 
     /// A capped StageEval, whose allocation the large-neighbourhood search then re-places
     /// neighbourhood by neighbourhood, still answers with a valid allocation (each GPU within
-    /// quota and memory, times re-derived from Eq. 8) no faster than the optimum, on stages
-    /// wide enough that every round keeps some placements.
+    /// quota and memory, times re-derived from Eq. 8), on stages wide enough that every round
+    /// keeps some placements (`tests/anytime.rs` checks it against the optimum on narrower
+    /// ones, where the exact search is quick).
     #[test]
     fn capped_stage_eval_answers_are_valid(
         seed in any::<u64>(),
@@ -624,8 +625,6 @@ proptest! {
         let capped = stage_eval_within(&problem, set, f64::INFINITY, &limits);
         if let Some(alloc) = &capped.alloc {
             check_alloc(&model, gpus, set, alloc);
-            let optimum = stage_eval(&problem, set, f64::INFINITY).expect("placeable");
-            prop_assert!(alloc.time_ms >= optimum.time_ms * (1.0 - 1e-12));
         }
     }
 
