@@ -43,7 +43,7 @@ pub(super) fn improve(
     let (mut spent, mut fails) = (0u64, 0);
     let late = || limits.deadline.is_some_and(|d| Instant::now() >= d);
     while spent < limits.nodes && fails < PATIENCE * n && !late() {
-        let free = neighbourhood(&best, &mut rng);
+        let free = neighbourhood(&best, problem.gpus, &mut rng);
         let fixed: Vec<usize> = order
             .iter()
             .copied()
@@ -91,15 +91,17 @@ pub(super) fn improve(
 
 /// The modules a round frees from `alloc`: every slowest one, then up to [`FREED`] more drawn
 /// by `rng`, from the modules sharing a GPU with a slowest one while there are any.
-fn neighbourhood(alloc: &StageAlloc, rng: &mut Rng) -> ModuleSet {
+fn neighbourhood(alloc: &StageAlloc, gpus: u32, rng: &mut Rng) -> ModuleSet {
     let slowest = |t: f64| t >= alloc.time_ms * (1.0 - 1e-12);
     let mut free = ModuleSet::EMPTY;
-    let mut busy: Vec<u32> = Vec::new();
+    let mut busy = vec![false; gpus as usize];
     for p in alloc.placements.iter().filter(|p| slowest(p.time_ms)) {
         free = free.union(ModuleSet::single(p.module));
-        busy.extend(&p.gpus);
+        for &g in &p.gpus {
+            busy[g as usize] = true;
+        }
     }
-    let beside = |p: &&super::Placement| p.gpus.iter().any(|g| busy.contains(g));
+    let beside = |p: &&super::Placement| p.gpus.iter().any(|&g| busy[g as usize]);
     let mut mates: Vec<usize> = alloc
         .placements
         .iter()
@@ -152,17 +154,23 @@ impl Search<'_> {
         let mut hosted = vec![0u64; self.problem.gpus as usize];
         for (pos, &(idx, gpus)) in placed.iter().enumerate() {
             let c = *self.cand(pos, idx);
-            let mut split: Vec<(usize, u32)> = Vec::new();
+            // Replicas per hosted set, then per class (the class hosting that set).
+            let mut per_set: Vec<(u64, u32)> = Vec::new();
             for &g in gpus {
                 let mask = hosted[g as usize];
-                let k = self.classes.iter().position(|class| class.mask == mask);
-                let k = k.expect("every hosted set is a class");
-                match split.iter_mut().find(|(at, _)| *at == k) {
+                match per_set.iter_mut().find(|(set, _)| *set == mask) {
                     Some((_, n)) => *n += 1,
-                    None => split.push((k, 1)),
+                    None => per_set.push((mask, 1)),
                 }
                 hosted[g as usize] |= 1 << pos;
             }
+            let split: Vec<(usize, u32)> = per_set
+                .into_iter()
+                .map(|(mask, n)| {
+                    let k = self.classes.iter().position(|class| class.mask == mask);
+                    (k.expect("every hosted set is a class"), n)
+                })
+                .collect();
             self.chosen.push(&mut self.classes, &split, pos, idx, &c);
             self.free_units_total -= u64::from(c.area);
             self.free_mem_total -= f64::from(c.dp) * c.mem_gib;
