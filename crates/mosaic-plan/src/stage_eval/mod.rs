@@ -768,9 +768,7 @@ impl<'p> Search<'p> {
                 self.undo.push((k, self.classes[k]));
             }
         }
-        self.chosen.push(&mut self.classes, split, pos, idx, c);
-        self.free_units_total -= c.area as u64;
-        self.free_mem_total -= c.dp as f64 * c.mem_gib;
+        self.place(pos, idx, c, split);
         let floor = self.bound(pos);
         if floor < self.best {
             self.dfs(pos + 1, floor);
@@ -782,6 +780,14 @@ impl<'p> Search<'p> {
         for (k, old) in self.undo.drain(undo..) {
             self.classes[k] = old;
         }
+    }
+
+    /// Picks candidate `idx` (`c`) for position `pos`, its replicas placed as `split` says
+    /// (class index, replicas), and takes what it uses from the pool's totals.
+    fn place(&mut self, pos: usize, idx: usize, c: &Candidate, split: &[(usize, u32)]) {
+        self.chosen.push(&mut self.classes, split, pos, idx, c);
+        self.free_units_total -= c.area as u64;
+        self.free_mem_total -= c.dp as f64 * c.mem_gib;
     }
 
     /// A lower bound on the stage time of any completion of the first `pos + 1` placements.
@@ -796,19 +802,9 @@ impl<'p> Search<'p> {
         })
     }
 
-    /// Writes a solution out on numbered GPUs (each pick takes the lowest-numbered GPUs of the
-    /// classes it chose) with Eq. 8 per GPU.
+    /// Writes a solution out on numbered GPUs: each pick takes the lowest-numbered GPUs of the
+    /// classes it chose.
     fn finish(&self, set: ModuleSet, sol: &Solution) -> StageAlloc {
-        let placed = self.numbered(sol);
-        let placed = placed
-            .into_iter()
-            .map(|(pos, idx, gpus)| (self.order[pos], idx, gpus));
-        alloc(self.problem, set, placed.collect())
-    }
-
-    /// The picks of `sol` on numbered GPUs, as (position, candidate index, GPUs ascending):
-    /// each pick takes the lowest-numbered GPUs of the classes it chose.
-    fn numbered(&self, sol: &Solution) -> Vec<(usize, usize, Vec<u32>)> {
         let g = self.problem.gpus as usize;
         let mut hosted = vec![0u64; g];
         let mut placed: Vec<(usize, usize, Vec<u32>)> = Vec::with_capacity(sol.picks.len());
@@ -829,40 +825,33 @@ impl<'p> Search<'p> {
             gpus.sort_unstable();
             placed.push((*pos, *idx, gpus));
         }
-        placed
-    }
-}
-
-/// The allocation of `set` that places each module at candidate `idx` on `gpus`, as
-/// (module, idx, GPUs) in `placed`, with Eq. 8 per GPU from what it finally hosts.
-fn alloc(problem: &Problem, set: ModuleSet, placed: Vec<(usize, usize, Vec<u32>)>) -> StageAlloc {
-    let cand = |m: usize, idx: usize| problem.cands[m].list[idx];
-    let mut bws: Vec<Vec<f64>> = vec![Vec::new(); problem.gpus as usize];
-    for (m, idx, gpus) in &placed {
-        for &x in gpus {
-            bws[x as usize].push(cand(*m, *idx).bw_util);
-        }
-    }
-    let inter = problem.model.interference;
-    let delta: Vec<f64> = bws.into_iter().map(|b| inter.delta(b)).collect();
-    let mut placements: Vec<Placement> = placed
-        .into_iter()
-        .map(|(module, idx, gpus)| {
-            let worst = gpus.iter().map(|&x| delta[x as usize]).fold(0.0, f64::max);
-            let choice = cand(module, idx);
-            Placement {
-                module,
-                choice,
-                gpus,
-                time_ms: choice.time_ms * (1.0 + worst),
+        // Eq. 8 per GPU, from what it finally hosts.
+        let mut bws: Vec<Vec<f64>> = vec![Vec::new(); g];
+        for (pos, idx, gpus) in &placed {
+            for &x in gpus {
+                bws[x as usize].push(self.cand(*pos, *idx).bw_util);
             }
-        })
-        .collect();
-    placements.sort_by_key(|p| p.module);
-    StageAlloc {
-        set,
-        time_ms: placements.iter().map(|p| p.time_ms).fold(0.0, f64::max),
-        placements,
+        }
+        let delta: Vec<f64> = bws.into_iter().map(|b| self.inter.delta(b)).collect();
+        let mut placements: Vec<Placement> = placed
+            .into_iter()
+            .map(|(pos, idx, gpus)| {
+                let worst = gpus.iter().map(|&x| delta[x as usize]).fold(0.0, f64::max);
+                let choice = *self.cand(pos, idx);
+                Placement {
+                    module: self.order[pos],
+                    choice,
+                    gpus,
+                    time_ms: choice.time_ms * (1.0 + worst),
+                }
+            })
+            .collect();
+        placements.sort_by_key(|p| p.module);
+        StageAlloc {
+            set,
+            time_ms: placements.iter().map(|p| p.time_ms).fold(0.0, f64::max),
+            placements,
+        }
     }
 }
 

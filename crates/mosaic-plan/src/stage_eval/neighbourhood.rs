@@ -28,6 +28,10 @@ const ROUND_NODES: u64 = 512;
 /// stops.
 const PATIENCE: usize = 2;
 
+/// What a round's allocation must beat, relative to the best one: a leaf's stage time, summed
+/// over its GPUs' classes, may differ from the same allocation's in the last bits.
+const FASTER: f64 = 1.0 - 1e-9;
+
 /// The fastest allocation of `start`'s stage found from `start` (itself if none is faster),
 /// with modules in `order` (bottleneck first), within `limits.nodes` nodes and
 /// `limits.deadline`.
@@ -40,6 +44,7 @@ pub(super) fn improve(
     let n = order.len();
     let mut best = start;
     let mut rng = Rng(best.set.0 | 1);
+    let mut picks = candidate_indices(problem, &best);
     let (mut spent, mut fails) = (0u64, 0);
     let late = || limits.deadline.is_some_and(|d| Instant::now() >= d);
     while spent < limits.nodes && fails < PATIENCE * n && !late() {
@@ -61,17 +66,8 @@ pub(super) fn improve(
             round,
         );
         let placed = fixed.iter().map(|&m| {
-            let p = best
-                .placements
-                .iter()
-                .find(|p| p.module == m)
-                .expect("every module placed");
-            let idx = problem.cands[m]
-                .list
-                .iter()
-                .position(|c| *c == p.choice)
-                .expect("a candidate");
-            (idx, p.gpus.as_slice())
+            let (at, idx) = picks[m];
+            (idx, best.placements[at].gpus.as_slice())
         });
         let floor = search.replay(placed.collect());
         if floor < search.best {
@@ -81,12 +77,25 @@ pub(super) fn improve(
         match search.best_sol.take() {
             Some(sol) => {
                 best = search.finish(best.set, &sol);
+                picks = candidate_indices(problem, &best);
                 fails = 0;
             }
             None => fails += 1,
         }
     }
     best
+}
+
+/// Per module of the model, where `alloc` places it: the index of its placement and of its
+/// candidate (`usize::MAX` for modules outside the stage).
+fn candidate_indices(problem: &Problem, alloc: &StageAlloc) -> Vec<(usize, usize)> {
+    let mut picks = vec![(usize::MAX, usize::MAX); problem.cands.len()];
+    for (at, p) in alloc.placements.iter().enumerate() {
+        let list = &problem.cands[p.module].list;
+        let idx = list.iter().position(|c| *c == p.choice);
+        picks[p.module] = (at, idx.expect("a placement's choice is a candidate"));
+    }
+    picks
 }
 
 /// The modules a round frees from `alloc`: every slowest one, then up to [`FREED`] more drawn
@@ -130,10 +139,6 @@ fn neighbourhood(alloc: &StageAlloc, gpus: u32, rng: &mut Rng) -> ModuleSet {
     free
 }
 
-/// What a round's allocation must beat, relative to the best one: a leaf's stage time, summed
-/// over its GPUs' classes, may differ from the same allocation's in the last bits.
-const FASTER: f64 = 1.0 - 1e-9;
-
 /// Xorshift64: the draws of [`neighbourhood`], reproducible per stage.
 struct Rng(u64);
 
@@ -171,9 +176,7 @@ impl Search<'_> {
                     (k.expect("every hosted set is a class"), n)
                 })
                 .collect();
-            self.chosen.push(&mut self.classes, &split, pos, idx, &c);
-            self.free_units_total -= u64::from(c.area);
-            self.free_mem_total -= f64::from(c.dp) * c.mem_gib;
+            self.place(pos, idx, &c, &split);
         }
         match placed.len() {
             0 => 0.0,
