@@ -1,34 +1,38 @@
 // Fused attention, forward and backward: FlashAttention-2 (Dao, ICLR 2024, Algorithms 1 and 2)
-// on bf16 tensor cores through the WMMA API. The `tokens²` scores never reach device memory:
-// each block streams tiles of keys and values through shared memory, keeps a running maximum and
-// sum per query row (online softmax), and the backward pass recomputes the probabilities from
-// the forward's log-sum-exp. This replaces the engine's composed attention on a GPU (two
-// batched GEMMs around a materialised softmax, and its backward's five more passes over the
-// scores), which the H200 measurements of 2026-11-26 found the largest cost of a step.
+// on bf16 tensor cores through `mma.sync` m16n8k16 (bf16 in, f32 accumulate). The `tokens²`
+// scores never reach device memory: each block streams tiles of keys and values through shared
+// memory, keeps a running maximum and sum per query row (online softmax), and the backward pass
+// recomputes the probabilities from the forward's log-sum-exp. This replaces the engine's
+// composed attention on a GPU (two batched GEMMs around a materialised softmax, and its
+// backward's five more passes over the scores).
+//
+// As FlashAttention-2 does, every product's accumulator stays in registers: scores,
+// probabilities, the output and dK, dV are fragments of m16n8k16 products, and the
+// probabilities go from a product's accumulator straight into the next product's A operand
+// (the layouts coincide, two 8-column tiles making one 16-column operand). Shared memory holds
+// only the tiles of q, k, v and dO (and the backward pass's dSᵀ, which dQ needs across warps),
+// each row padded by 8 elements so that the lanes of a warp read 32 distinct banks. The first
+// version (2026-11-27) kept scores and accumulators in shared memory around WMMA products: on an
+// H200 (2026-11-28) its forward pass at CLIP's vision shape spent 91 % of its time on shared
+// memory and ran at 14 TFLOP/s, 19× slower than PyTorch's scaled_dot_product_attention.
 //
 // Layout: q, k and v are read where the qkv projection wrote them, bf16 `[batch, tokens, 3,
 // heads, D]`, its bias (f32, bq, bk and bv of `[3, heads, D]`) added as each tile is loaded,
 // and o is written where the output projection reads it, `[batch, tokens, heads, D]`, so no
 // copy rearranges them around the kernels (as FlashAttention's own interface takes strided q,
-// k, v) and no pass adds the bias. Every matrix is thus rows of D values, one a token, `ld` elements apart
-// (3·heads·D for q, k, v and their gradients, heads·D for o, dO and dq's accumulator), head h
-// of a row h·D from its start: the kernels take pointers to head 0 of token 0 of sample 0. The
-// scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch, tokens, heads]`, the row
-// order of o; dq accumulates in f32 (zeroed by the host) through atomics, as FlashAttention-2
-// does, and is cast to bf16 into its place by `mosaic_f32_to_bf16_rows`. D (the head
-// dimension) is a multiple of 16 up to 128, one kernel each, so every row of a head starts on
-// a 32-byte boundary of a 32-byte-aligned allocation, as the 16-byte tile loads need. Every
-// matrix product is WMMA 16×16×16 (bf16 in, f32 accumulate) between tiles in shared memory;
-// the elementwise work (masking, exponentials, rescaling) reads and writes shared memory, so
-// nothing depends on the fragments' private register layout. Every address handed to WMMA is a
-// multiple of 32 bytes and every leading dimension a multiple of 16 elements, as the API
-// requires.
+// k, v) and no pass adds the bias. Every matrix is thus rows of D values, one a token, `ld`
+// elements apart (3·heads·D for q, k, v and their gradients, heads·D for o, dO and dq's
+// accumulator), head h of a row h·D from its start: the kernels take pointers to head 0 of
+// token 0 of sample 0. The scores are `scale · q·kᵀ`; lse and the row dots are f32 `[batch,
+// tokens, heads]`, the row order of o; dq accumulates in f32 (zeroed by the host) through
+// atomics, as FlashAttention-2 does, and is cast to bf16 into its place by
+// `mosaic_f32_to_bf16_rows`. D (the head dimension) is a multiple of 16 up to 128, one kernel
+// each, so every row of a head starts on a 32-byte boundary of a 32-byte-aligned allocation, as
+// the 16-byte tile loads need.
 //
 // Compiled to a fatbin by the engine's build script, for the GPU build only.
 
 #include <cuda_bf16.h>
-#include <mma.h>
-#include <type_traits>
 
 // The block's dynamic shared memory (a CPU emulation of this file, `kernels/emulated/`, defines
 // its own).
@@ -36,64 +40,113 @@
 #define DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 
-using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
+
+#ifdef __CUDACC__
+// c += a · b for a 16×16 bf16 A, a 16×8 bf16 B and a 16×8 f32 C spread over the lanes of a warp,
+// in PTX's m16n8k16 fragment layout (lane = 4g + t): a[0] holds A's row g, columns 2t and
+// 2t+1 (the lower half the first), a[1] row g+8, a[2] row g, columns 2t+8 and 2t+9, a[3] row
+// g+8 there; b[0] B's rows 2t and 2t+1 of column g, b[1] rows 2t+8 and 2t+9; c[0], c[1] C's row
+// g, columns 2t and 2t+1, c[2], c[3] row g+8.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+#include <mma.h>  // the CPU emulation's mma_16816 (kernels/emulated/mma.h)
+#endif
 
 #define WARPS 4
 #define THREADS (WARPS * 32)
 // Query rows per forward block (16 per warp) and per backward tile; keys per forward tile and
 // per backward block (16 per warp). Equal, so a causal block's tiles end at its own index.
 #define TILE 64
+// Elements a row of a shared-memory tile is padded by: rows 16 bytes further apart than their
+// data, so the 32-bit fragment loads of a warp's eight rows fall in distinct banks.
+#define PAD 8
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define POS_INF (__int_as_float(0x7f800000))
 
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
-
-// acc += A · B for a 16×K tile A and a K×16 tile B in shared memory, stored row- or
-// column-major (LA, LB) with leading dimensions lda and ldb.
-template <int K, class LA, class LB>
-__device__ __forceinline__ void mma(Acc &acc, const bf16 *a, int lda, const bf16 *b, int ldb) {
-    constexpr bool a_rows = std::is_same<LA, wmma::row_major>::value;
-    constexpr bool b_rows = std::is_same<LB, wmma::row_major>::value;
-    for (int kk = 0; kk < K / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> fb;
-        wmma::load_matrix_sync(fa, a + (a_rows ? kk * 16 : kk * 16 * lda), lda);
-        wmma::load_matrix_sync(fb, b + (b_rows ? kk * 16 * ldb : kk * 16), ldb);
-        wmma::mma_sync(acc, fa, fb, acc);
-    }
+// Two bf16 values in one 32-bit register, `lo` in the lower half (a fragment's element order).
+__device__ __forceinline__ unsigned pack(bf16 lo, bf16 hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
 }
 
-// The 16×16 f32 tile C (row-major in shared memory, leading dimension ldc) = A · B, or
-// C += A · B when `add`.
-template <int K, class LA, class LB>
-__device__ __forceinline__ void product(float *c, int ldc, bool add, const bf16 *a, int lda,
-                                        const bf16 *b, int ldb) {
-    Acc acc;
-    if (add)
-        wmma::load_matrix_sync(acc, c, ldc, wmma::mem_row_major);
-    else
-        wmma::fill_fragment(acc, 0.f);
-    mma<K, LA, LB>(acc, a, lda, b, ldb);
-    wmma::store_matrix_sync(c, acc, ldc, wmma::mem_row_major);
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    return pack(__float2bfloat16(lo), __float2bfloat16(hi));
 }
 
-// The maximum and the sum of a value over the 32 lanes of a warp, on every lane.
-__device__ __forceinline__ float warp_max(float v) {
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
+// The two adjacent bf16 values at p (4-byte aligned) as one register.
+__device__ __forceinline__ unsigned pair_at(const bf16 *p) { return *reinterpret_cast<const unsigned *>(p); }
+
+// Where lane = 4g + t of a warp sits in the m16n8k16 fragments (see mma_16816).
+struct Lane {
+    int g, t;
+};
+
+// The A operand whose element (r, k) is m[r·ld + k]: 16 rows of a row-major tile.
+__device__ __forceinline__ void a_rows(unsigned (&a)[4], const bf16 *m, int ld, Lane l) {
+    a[0] = pair_at(m + l.g * ld + 2 * l.t);
+    a[1] = pair_at(m + (l.g + 8) * ld + 2 * l.t);
+    a[2] = pair_at(m + l.g * ld + 2 * l.t + 8);
+    a[3] = pair_at(m + (l.g + 8) * ld + 2 * l.t + 8);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
+// The A operand whose element (r, k) is m[k·ld + r]: a row-major tile read transposed.
+__device__ __forceinline__ void a_cols(unsigned (&a)[4], const bf16 *m, int ld, Lane l) {
+    const int k = 2 * l.t;
+    a[0] = pack(m[k * ld + l.g], m[(k + 1) * ld + l.g]);
+    a[1] = pack(m[k * ld + l.g + 8], m[(k + 1) * ld + l.g + 8]);
+    a[2] = pack(m[(k + 8) * ld + l.g], m[(k + 9) * ld + l.g]);
+    a[3] = pack(m[(k + 8) * ld + l.g + 8], m[(k + 9) * ld + l.g + 8]);
 }
 
-typedef wmma::row_major Row;
-typedef wmma::col_major Col;
+// The B operand whose element (k, n) is m[n·ld + k]: 8 rows of a row-major tile, as Kᵀ is to K.
+__device__ __forceinline__ void b_rows(unsigned (&b)[2], const bf16 *m, int ld, Lane l) {
+    b[0] = pair_at(m + l.g * ld + 2 * l.t);
+    b[1] = pair_at(m + l.g * ld + 2 * l.t + 8);
+}
+
+// The B operand whose element (k, n) is m[k·ld + n]: 16 rows and 8 columns of a row-major tile.
+__device__ __forceinline__ void b_cols(unsigned (&b)[2], const bf16 *m, int ld, Lane l) {
+    const int k = 2 * l.t;
+    b[0] = pack(m[k * ld + l.g], m[(k + 1) * ld + l.g]);
+    b[1] = pack(m[(k + 8) * ld + l.g], m[(k + 9) * ld + l.g]);
+}
+
+// The A operand of columns 16c … 16c+15 of a 16 × (8·N) accumulator (rows of probabilities or
+// dS): its 8-column tiles 2c and 2c+1, rounded to bf16.
+template <int N>
+__device__ __forceinline__ void a_of(unsigned (&a)[4], const float (&acc)[N][4], int c) {
+    a[0] = pack(acc[2 * c][0], acc[2 * c][1]);
+    a[1] = pack(acc[2 * c][2], acc[2 * c][3]);
+    a[2] = pack(acc[2 * c + 1][0], acc[2 * c + 1][1]);
+    a[3] = pack(acc[2 * c + 1][2], acc[2 * c + 1][3]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// The maximum and the sum of a value over the 4 lanes of a quad (the lanes holding one row of
+// an accumulator), on each of them.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
 
 // Copies rows row0 … row0+TILE of a [T, D] bf16 matrix whose rows lie `ld` elements apart
-// into a [TILE, D] tile, 16 bytes a load, with `bias` (D f32 values, where given) added to
+// into a [TILE, D + PAD] tile, 16 bytes a load, with `bias` (D f32 values, where given) added to
 // every row, in f32 and rounded to bf16 as the projection's bias add would store it; rows past
 // T become zeros.
 template <int D>
@@ -111,7 +164,7 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int ld, in
                 for (int j = 0; j < 8; ++j) e[j] = __float2bfloat16(__bfloat162float(e[j]) + bias[c + j]);
             }
         }
-        *reinterpret_cast<int4 *>(dst + r * D + c) = v;
+        *reinterpret_cast<int4 *>(dst + r * (D + PAD) + c) = v;
     }
 }
 
@@ -127,13 +180,13 @@ __device__ __forceinline__ Head head_of(int T, int heads, int D, int ld_qkv, int
     return {b * T * ld_qkv + h * D, b * T * ld_o + h * D, b * T * heads + h, h * D};
 }
 
-// Bytes of dynamic shared memory the forward kernel of head dimension D takes.
-#define FWD_SMEM(D) (3 * TILE * (D) * 2 + TILE * TILE * 4 + TILE * TILE * 2 + TILE * (D) * 4)
+// Bytes of dynamic shared memory the forward kernel of head dimension D takes: Q, K and V tiles.
+#define FWD_SMEM(D) (3 * TILE * ((D) + PAD) * 2)
 
-// One block: TILE query rows of one (sample, head); warp w owns rows 16w … 16w+15 and walks
-// them one at a time, its lanes along the row (lane c reads columns c, c + 32, …), so that the
-// lanes of a warp touch 32 consecutive words of shared memory, one per bank. Each lane keeps
-// every row's running maximum and sum (the same values on every lane).
+// One block: TILE query rows of one (sample, head), warp w owning rows 16w … 16w+15 (lane
+// 4g + t holds rows g and g+8 of them). Q's fragments stay in registers; each key tile's
+// scores S = QKᵀ, probabilities and the output O += PV are accumulators; a row's running
+// maximum is shared by its quad, its running sum summed over the quad once, at the end.
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                               const bf16 *__restrict__ v, const float *__restrict__ bq,
@@ -141,100 +194,120 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
                                               int ld_qkv, bf16 *__restrict__ o, int ld_o,
                                               float *__restrict__ lse, int T, int heads, int causal,
                                               float scale) {
+    constexpr int LD = D + PAD;
     DYNAMIC_SMEM(smem);
-    bf16 *Qs = reinterpret_cast<bf16 *>(smem);       // [TILE, D]
-    bf16 *Ks = Qs + TILE * D;                        // [TILE, D]
-    bf16 *Vs = Ks + TILE * D;                        // [TILE, D]
-    float *Ss = reinterpret_cast<float *>(Vs + TILE * D);  // scores [TILE, TILE]
-    bf16 *Ps = reinterpret_cast<bf16 *>(Ss + TILE * TILE);  // probabilities [TILE, TILE]
-    float *Os = reinterpret_cast<float *>(Ps + TILE * TILE);  // output accumulator [TILE, D]
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem);  // [TILE, LD]
+    bf16 *Ks = Qs + TILE * LD;                  // [TILE, LD]
+    bf16 *Vs = Ks + TILE * LD;                  // [TILE, LD]
 
     const int q0 = blockIdx.x * TILE;
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Lane l{lane / 4, lane % 4};
+    const int rows[2] = {q0 + warp * 16 + l.g, q0 + warp * 16 + l.g + 8};
 
     load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T, bq + start.bias);
-    for (int i = threadIdx.x; i < TILE * D; i += THREADS) Os[i] = 0.f;
-    float m[16], l[16];
+    __syncthreads();
+    unsigned qa[D / 16][4];
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-        m[rr] = NEG_INF;
-        l[rr] = 0.f;
-    }
+    for (int c = 0; c < D / 16; ++c) a_rows(qa[c], Qs + warp * 16 * LD + c * 16, LD, l);
+
+    float acc[D / 8][4];
+    zero(acc);
+    float m[2] = {NEG_INF, NEG_INF}, sum[2] = {0.f, 0.f};  // sum: this lane's share of the row
     int tiles = (T + TILE - 1) / TILE;
     if (causal) tiles = min(tiles, (int)blockIdx.x + 1);
-    __syncthreads();
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * TILE;
+        __syncthreads();  // every warp is done with the last tile's keys and values
         load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
         load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
         __syncthreads();
 
-        // S = Q Kᵀ for the warp's 16 rows.
-        for (int n = 0; n < TILE / 16; ++n)
-            product<D, Row, Col>(Ss + warp * 16 * TILE + n * 16, TILE, false, Qs + warp * 16 * D, D,
-                                 Ks + n * 16 * D, D);
-        __syncwarp();
-
-        // Online softmax, row by row: mask, new running maximum, probabilities, rescale what
-        // came before.
+        float s[TILE / 8][4];
+        zero(s);
 #pragma unroll
-        for (int rr = 0; rr < 16; ++rr) {
-            const int row = warp * 16 + rr, qi = q0 + row;
-            const float *srow = Ss + row * TILE;
-            float s[TILE / 32];
-            float mx = NEG_INF;
+        for (int n = 0; n < TILE / 8; ++n)
 #pragma unroll
-            for (int j = 0; j < TILE / 32; ++j) {
-                const int key = k0 + lane + 32 * j;
-                s[j] = (key >= T || (causal && key > qi)) ? NEG_INF : scale * srow[lane + 32 * j];
-                mx = fmaxf(mx, s[j]);
+            for (int c = 0; c < D / 16; ++c) {
+                unsigned b[2];
+                b_rows(b, Ks + n * 8 * LD + c * 16, LD, l);
+                mma_16816(s[n], qa[c], b);
             }
-            const float m_new = fmaxf(m[rr], warp_max(mx));
+
+        // Online softmax: mask and scale, each row's new maximum over its quad, the
+        // probabilities, and what came before rescaled.
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int n = 0; n < TILE / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + n * 8 + 2 * l.t + (e & 1), row = rows[e / 2];
+                const float x = (key >= T || (causal && key > row)) ? NEG_INF : scale * s[n][e];
+                s[n][e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        float use[2], alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(m[h], quad_max(mx[h]));
             // -inf only while every key seen so far is masked: then every weight is 0.
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = __expf(m[rr] - m_use);
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < TILE / 32; ++j) {
-                const float p = __expf(s[j] - m_use);
-                sum += p;
-                Ps[row * TILE + lane + 32 * j] = __float2bfloat16(p);
-            }
-            l[rr] = l[rr] * alpha + warp_sum(sum);
-            m[rr] = m_new;
-            for (int c = lane; c < D; c += 32) Os[row * D + c] *= alpha;
+            use[h] = m_new == NEG_INF ? 0.f : m_new;
+            alpha[h] = __expf(m[h] - use[h]);
+            m[h] = m_new;
+            sum[h] *= alpha[h];
         }
-        __syncwarp();
+#pragma unroll
+        for (int n = 0; n < TILE / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = __expf(s[n][e] - use[e / 2]);
+                s[n][e] = p;
+                sum[e / 2] += p;
+            }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
 
-        // O += P V for the warp's 16 rows.
-        for (int t = 0; t < D / 16; ++t)
-            product<TILE, Row, Row>(Os + warp * 16 * D + t * 16, D, true, Ps + warp * 16 * TILE, TILE,
-                                    Vs + t * 16, D);
-        __syncthreads();  // every warp is done with this tile's keys and values
+        // O += P V.
+#pragma unroll
+        for (int c = 0; c < TILE / 16; ++c) {
+            unsigned pa[4];
+            a_of(pa, s, c);
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                unsigned b[2];
+                b_cols(b, Vs + c * 16 * LD + n * 8, LD, l);
+                mma_16816(acc[n], pa, b);
+            }
+        }
     }
 
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-        const int row = warp * 16 + rr, qi = q0 + row;
-        if (qi >= T) continue;
-        const float inv = 1.f / l[rr];
-        bf16 *out = o + start.o + (size_t)qi * ld_o;
-        for (int c = lane; c < D; c += 32) out[c] = __float2bfloat16(Os[row * D + c] * inv);
-        if (lane == 0) lse[start.row + (size_t)qi * heads] = m[rr] + __logf(l[rr]);
+    for (int h = 0; h < 2; ++h) {
+        const float total = quad_sum(sum[h]);
+        if (rows[h] >= T) continue;
+        const float inv = 1.f / total;
+        bf16 *out = o + start.o + (size_t)rows[h] * ld_o + 2 * l.t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+            *reinterpret_cast<unsigned *>(out + n * 8) = pack(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+        if (l.t == 0) lse[start.row + (size_t)rows[h] * heads] = m[h] + __logf(total);
     }
 }
 
-// Bytes of dynamic shared memory the backward kernel of head dimension D takes.
-#define BWD_SMEM(D) \
-    (4 * TILE * (D) * 2 + 2 * TILE * (D) * 4 + TILE * TILE * 4 + 2 * TILE * TILE * 2 + \
-     WARPS * 256 * 4 + 2 * TILE * 4)
+// Bytes of dynamic shared memory the backward kernel of head dimension D takes: K, V, Q and dO
+// tiles, dSᵀ, and a query tile's lse and row dots.
+#define BWD_SMEM(D) (4 * TILE * ((D) + PAD) * 2 + TILE * (TILE + PAD) * 2 + 2 * TILE * 4)
 
-// One block: TILE keys of one (sample, head), warp w owning keys 16w … 16w+15; it walks the
-// query tiles that can see them, accumulates dK and dV in shared memory and adds its share of
-// dQ to device memory atomically. `dd` holds each query row's Σ dO·O. Elementwise work walks
-// rows with the lanes along them, as in the forward kernel.
+// One block: TILE keys of one (sample, head), warp w owning keys 16w … 16w+15 (lane 4g + t
+// holds keys g and g+8 of them); it walks the query tiles that can see them. Per tile, each
+// warp computes its keys' Sᵀ = KQᵀ, Pᵀ, dV += PᵀdO, dPᵀ = VdOᵀ, dSᵀ and dK += dSᵀQ in
+// registers; dSᵀ goes to shared memory, where warp w reads queries 16w … 16w+15 of it for dQ
+// += dS K over the block's keys, added to device memory atomically. `dd` holds each query
+// row's Σ dO·O.
 template <int D>
 __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                                const bf16 *__restrict__ v, const float *__restrict__ bq,
@@ -245,31 +318,28 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
                                                float *__restrict__ dq, bf16 *__restrict__ dk,
                                                bf16 *__restrict__ dv, int T, int heads, int causal,
                                                float scale) {
+    constexpr int LD = D + PAD, LDS = TILE + PAD;
     DYNAMIC_SMEM(smem);
-    bf16 *Ks = reinterpret_cast<bf16 *>(smem);  // [TILE keys, D]
-    bf16 *Vs = Ks + TILE * D;                   // [TILE keys, D]
-    bf16 *Qs = Vs + TILE * D;                   // [TILE queries, D]
-    bf16 *dOs = Qs + TILE * D;                  // [TILE queries, D]
-    float *dKs = reinterpret_cast<float *>(dOs + TILE * D);  // [TILE keys, D]
-    float *dVs = dKs + TILE * D;                              // [TILE keys, D]
-    float *Ps32 = dVs + TILE * D;                // Sᵀ, then Pᵀ in f32 [TILE keys, TILE queries]
-    bf16 *Ps = reinterpret_cast<bf16 *>(Ps32 + TILE * TILE);  // Pᵀ [TILE keys, TILE queries]
-    bf16 *dSs = Ps + TILE * TILE;                              // dSᵀ [TILE keys, TILE queries]
-    float *scratch = reinterpret_cast<float *>(dSs + TILE * TILE);  // [WARPS][16, 16]
-    float *lse_s = scratch + WARPS * 256;                            // [TILE queries]
-    float *dd_s = lse_s + TILE;                                      // [TILE queries]
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem);  // [TILE keys, LD]
+    bf16 *Vs = Ks + TILE * LD;                  // [TILE keys, LD]
+    bf16 *Qs = Vs + TILE * LD;                  // [TILE queries, LD]
+    bf16 *dOs = Qs + TILE * LD;                 // [TILE queries, LD]
+    bf16 *dSs = dOs + TILE * LD;                // dSᵀ [TILE keys, LDS]
+    float *lse_s = reinterpret_cast<float *>(dSs + TILE * LDS);  // [TILE queries]
+    float *dd_s = lse_s + TILE;                                  // [TILE queries]
 
     const int k0 = blockIdx.x * TILE;
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // In a warp's 16 × 16 scratch tile, lanes 0–15 take an even row and 16–31 the odd one
-    // after it: 32 distinct banks.
-    const int pair = lane / 16, col = lane % 16;
-    float *mine = scratch + warp * 256;
+    const Lane l{lane / 4, lane % 4};
+    const int keys[2] = {k0 + warp * 16 + l.g, k0 + warp * 16 + l.g + 8};
+    const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
 
     load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
     load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
-    for (int i = threadIdx.x; i < TILE * D; i += THREADS) dKs[i] = dVs[i] = 0.f;
+    float dK[D / 8][4], dV[D / 8][4];
+    zero(dK);
+    zero(dV);
     const int tiles = (T + TILE - 1) / TILE;
 
     for (int it = causal ? (int)blockIdx.x : 0; it < tiles; ++it) {
@@ -285,66 +355,95 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         }
         __syncthreads();
 
-        // Sᵀ = K Qᵀ for the warp's 16 keys (unscaled).
-        for (int n = 0; n < TILE / 16; ++n)
-            product<D, Row, Col>(Ps32 + warp * 16 * TILE + n * 16, TILE, false, Ks + warp * 16 * D, D,
-                                 Qs + n * 16 * D, D);
-        __syncwarp();
+        // Sᵀ = K Qᵀ (unscaled) and dPᵀ = V dOᵀ for the warp's 16 keys.
+        float s[TILE / 8][4], dp[TILE / 8][4];
+        zero(s);
+        zero(dp);
+#pragma unroll
+        for (int c = 0; c < D / 16; ++c) {
+            unsigned ka[4], va[4];
+            a_rows(ka, Kw + c * 16, LD, l);
+            a_rows(va, Vw + c * 16, LD, l);
+#pragma unroll
+            for (int n = 0; n < TILE / 8; ++n) {
+                unsigned b[2];
+                b_rows(b, Qs + n * 8 * LD + c * 16, LD, l);
+                mma_16816(s[n], ka, b);
+                b_rows(b, dOs + n * 8 * LD + c * 16, LD, l);
+                mma_16816(dp[n], va, b);
+            }
+        }
 
-        // Pᵀ = exp(scale·Sᵀ − lse), 0 where masked, in f32 (for dS) and bf16 (for dV).
-        for (int rr = 0; rr < 16; ++rr) {
-            const int krow = warp * 16 + rr, key = k0 + krow;
-            for (int qq = lane; qq < TILE; qq += 32) {
-                const int qi = q0 + qq, at = krow * TILE + qq;
+        // Pᵀ = exp(scale·Sᵀ − lse), 0 where masked; then dSᵀ = Pᵀ ⊙ (dPᵀ − Σ dO·O) in dp.
+#pragma unroll
+        for (int n = 0; n < TILE / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qq = n * 8 + 2 * l.t + (e & 1), qi = q0 + qq, key = keys[e / 2];
                 const bool masked = key >= T || qi >= T || (causal && key > qi);
-                const float p = masked ? 0.f : __expf(scale * Ps32[at] - lse_s[qq]);
-                Ps32[at] = p;
-                Ps[at] = __float2bfloat16(p);
+                const float p = masked ? 0.f : __expf(scale * s[n][e] - lse_s[qq]);
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - dd_s[qq]);
+            }
+
+        // dV += Pᵀ dO and dK += dSᵀ Q (scaled once, when written).
+#pragma unroll
+        for (int c = 0; c < TILE / 16; ++c) {
+            unsigned pa[4], da[4];
+            a_of(pa, s, c);
+            a_of(da, dp, c);
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                unsigned b[2];
+                b_cols(b, dOs + c * 16 * LD + n * 8, LD, l);
+                mma_16816(dV[n], pa, b);
+                b_cols(b, Qs + c * 16 * LD + n * 8, LD, l);
+                mma_16816(dK[n], da, b);
             }
         }
-        __syncwarp();
 
-        // dV += Pᵀ dO.
-        for (int t = 0; t < D / 16; ++t)
-            product<TILE, Row, Row>(dVs + warp * 16 * D + t * 16, D, true, Ps + warp * 16 * TILE, TILE,
-                                    dOs + t * 16, D);
-
-        // dPᵀ = V dOᵀ, 16 queries at a time, and at once dSᵀ = Pᵀ ⊙ (dPᵀ − Σ dO·O).
-        for (int n = 0; n < TILE / 16; ++n) {
-            product<D, Row, Col>(mine, 16, false, Vs + warp * 16 * D, D, dOs + n * 16 * D, D);
-            __syncwarp();
-            for (int r = pair; r < 16; r += 2) {
-                const int qq = n * 16 + col, at = (warp * 16 + r) * TILE + qq;
-                dSs[at] = __float2bfloat16(Ps32[at] * (mine[r * 16 + col] - dd_s[qq]));
-            }
-            __syncwarp();
-        }
-
-        // dK += dSᵀ Q (scaled once, when written).
-        for (int t = 0; t < D / 16; ++t)
-            product<TILE, Row, Row>(dKs + warp * 16 * D + t * 16, D, true, dSs + warp * 16 * TILE, TILE,
-                                    Qs + t * 16, D);
+        // dSᵀ to shared memory, rounded to bf16 as the products above read it.
+#pragma unroll
+        for (int n = 0; n < TILE / 8; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<unsigned *>(dSs + (warp * 16 + l.g + 8 * h) * LDS + n * 8 + 2 * l.t) =
+                    pack(dp[n][2 * h], dp[n][2 * h + 1]);
         __syncthreads();  // every warp's dSᵀ is written
 
-        // dQ += scale · dS K for queries 16w … 16w+15 of the tile, over the block's TILE keys: dS is
-        // dSᵀ read column-major.
-        for (int t = 0; t < D / 16; ++t) {
-            product<TILE, Col, Row>(mine, 16, false, dSs + warp * 16, TILE, Ks + t * 16, D);
-            __syncwarp();
-            for (int r = pair; r < 16; r += 2) {
-                const int qi = q0 + warp * 16 + r;
-                if (qi < T) atomicAdd(dq + start.o + (size_t)qi * ld_o + t * 16 + col, scale * mine[r * 16 + col]);
+        // dQ += scale · dS K for queries 16w … 16w+15 of the tile over the block's keys: dS is
+        // dSᵀ read transposed.
+        unsigned dsa[TILE / 16][4];
+#pragma unroll
+        for (int c = 0; c < TILE / 16; ++c) a_cols(dsa[c], dSs + c * 16 * LDS + warp * 16, LDS, l);
+        const int qrows[2] = {q0 + warp * 16 + l.g, q0 + warp * 16 + l.g + 8};
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int c = 0; c < TILE / 16; ++c) {
+                unsigned b[2];
+                b_cols(b, Ks + c * 16 * LD + n * 8, LD, l);
+                mma_16816(d, dsa[c], b);
             }
-            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (qrows[h] < T) {
+                    float *to = dq + start.o + (size_t)qrows[h] * ld_o + n * 8 + 2 * l.t;
+                    atomicAdd(to, scale * d[2 * h]);
+                    atomicAdd(to + 1, scale * d[2 * h + 1]);
+                }
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < TILE * D; i += THREADS) {
-        const int r = i / D, c = i % D;
-        if (k0 + r < T) {
-            const size_t to = start.qkv + (size_t)(k0 + r) * ld_qkv + c;
-            dk[to] = __float2bfloat16(scale * dKs[i]);
-            dv[to] = __float2bfloat16(dVs[i]);
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (keys[h] >= T) continue;
+        const size_t at = start.qkv + (size_t)keys[h] * ld_qkv + 2 * l.t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            *reinterpret_cast<unsigned *>(dk + at + n * 8) = pack(scale * dK[n][2 * h], scale * dK[n][2 * h + 1]);
+            *reinterpret_cast<unsigned *>(dv + at + n * 8) = pack(dV[n][2 * h], dV[n][2 * h + 1]);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The engine's CUDA kernels run on the CPU: `kernels/emulated/` emulates the CUDA and WMMA
+//! The engine's CUDA kernels run on the CPU: `kernels/emulated/` emulates the CUDA and tensor-core
 //! features they use (a std::thread per CUDA thread, barriers for `__syncthreads` and
 //! `__syncwarp`), so that their source is checked here, where no GPU is. A GPU runs the same
 //! source in `mosaic check gpu`.

@@ -1,73 +1,38 @@
-// The WMMA API of CUDA's <mma.h> on the CPU (see cuda_bf16.h here): every thread of a warp holds
-// the whole 16×16 tile (the real fragments spread it over the lanes in a private layout, which
-// the engine's kernels never rely on); loads and products are the same on every lane, a store is
-// made by lane 0 alone, so that other lanes see it only after a __syncwarp, as on hardware.
+// The warp-wide tensor-core product of `../attention.cu` on the CPU (see cuda_bf16.h here):
+// `mma_16816`, PTX's `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`. Each lane posts its
+// fragments to its warp's exchange, every lane reads the whole of A and B back from the
+// fragment layout PTX documents (lane = 4g + t; see mma_16816 in attention.cu) and computes its
+// own four elements of C, so a kernel that hands the product a wrong layout gets wrong numbers
+// here as on a GPU.
 #pragma once
 
 #include "cuda_bf16.h"
 
-namespace nvcuda {
-namespace wmma {
-
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
-    static_assert(M == 16 && N == 16 && K == 16, "only 16x16x16 tiles are emulated");
-    float x[16 * 16];
-};
-
-template <class Use, class T, class L>
-inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, float v) {
-    std::fill(std::begin(f.x), std::end(f.x), v);
+// c += a · b: A 16×16 and B 16×8 in bf16, C 16×8 in f32, each lane holding its fragments.
+inline void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const unsigned lane = threadIdx.x % 32;
+    unsigned *words = emu::here.warp_words;
+    for (int i = 0; i < 4; ++i) words[lane * 8 + i] = a[i];
+    words[lane * 8 + 4] = b[0];
+    words[lane * 8 + 5] = b[1];
+    __syncwarp();
+    // The bf16 in half `odd` of register `reg` of lane `owner`.
+    auto at = [&](unsigned owner, unsigned reg, unsigned odd) {
+        const unsigned w = words[owner * 8 + reg];
+        return __bfloat162float(__nv_bfloat16{uint16_t(odd ? w >> 16 : w & 0xffffu)});
+    };
+    // A(r, k): lane 4·(r mod 8) + (k mod 8)/2, register (r ≥ 8) + 2·(k ≥ 8), half k mod 2.
+    auto A = [&](int r, int k) { return at(4 * (r % 8) + (k % 8) / 2, r / 8 + 2 * (k / 8), k % 2); };
+    // B(k, n): lane 4n + (k mod 8)/2, register 4 + (k ≥ 8), half k mod 2.
+    auto B = [&](int k, int n) { return at(4 * n + (k % 8) / 2, 4 + k / 8, k % 2); };
+    const int g = lane / 4, t = lane % 4;
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e / 2), n = 2 * t + e % 2;
+        float s = c[e];
+        for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+        out[e] = s;
+    }
+    __syncwarp();  // every lane has read the fragments before any posts its next ones
+    for (int e = 0; e < 4; ++e) c[e] = out[e];
 }
-
-template <class Use>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, row_major> &f, const __nv_bfloat16 *p,
-                             unsigned ldm) {
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = __bfloat162float(p[r * ldm + c]);
-}
-
-template <class Use>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, col_major> &f, const __nv_bfloat16 *p,
-                             unsigned ldm) {
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = __bfloat162float(p[c * ldm + r]);
-}
-
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
-                             layout_t layout) {
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-}
-
-inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
-                              layout_t layout) {
-    if (threadIdx.x % 32 != 0) return;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
-}
-
-template <class LA, class LB>
-inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
-                     const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
-                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b,
-                     const fragment<accumulator, 16, 16, 16, float> &c) {
-    float out[16 * 16];
-    for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-            float s = c.x[i * 16 + j];
-            for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
-            out[i * 16 + j] = s;
-        }
-    std::copy(std::begin(out), std::end(out), d.x);
-}
-
-}  // namespace wmma
-}  // namespace nvcuda

@@ -23,19 +23,19 @@ const MAX_HEADS: usize = 65_535;
 /// The head dimensions compiled (`FLASH_KERNELS` in the kernel source).
 const HEAD_DIMS: [usize; 8] = [16, 32, 48, 64, 80, 96, 112, 128];
 
-/// Dynamic shared memory of the forward kernel for head dimension `d`: `FWD_SMEM`.
+/// Elements a shared-memory tile's rows are padded by: the kernels' `PAD`.
+const PAD: usize = 8;
+
+/// Dynamic shared memory of the forward kernel for head dimension `d` (its Q, K and V tiles):
+/// `FWD_SMEM`.
 fn forward_smem(d: usize) -> u32 {
-    (3 * TILE * d * 2 + TILE * TILE * 4 + TILE * TILE * 2 + TILE * d * 4) as u32
+    (3 * TILE * (d + PAD) * 2) as u32
 }
 
-/// Dynamic shared memory of the backward kernel for head dimension `d`: `BWD_SMEM`.
+/// Dynamic shared memory of the backward kernel for head dimension `d` (K, V, Q and dO tiles,
+/// dSᵀ, a query tile's lse and row dots): `BWD_SMEM`.
 fn backward_smem(d: usize) -> u32 {
-    (4 * TILE * d * 2
-        + 2 * TILE * d * 4
-        + TILE * TILE * 4
-        + 2 * TILE * TILE * 2
-        + 4 * 256 * 4
-        + 2 * TILE * 4) as u32
+    (4 * TILE * (d + PAD) * 2 + TILE * (TILE + PAD) * 2 + 2 * TILE * 4) as u32
 }
 
 /// Whether the kernels run attention of this `[batch, tokens, 3, heads, d]` product with this
