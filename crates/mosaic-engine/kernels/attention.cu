@@ -55,8 +55,26 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// Four 8×8 bf16 matrices from shared memory into r[0…3], each in an m16n8k16 fragment's layout:
+// lanes 8i … 8i+7 point at the eight rows of matrix i (16 contiguous bytes each, 16-byte
+// aligned), and lane 4g + t receives in r[i] its row g, columns 2t and 2t+1 (`ldmatrix`), or
+// with `trans` its rows 2t and 2t+1 of column g (`ldmatrix.trans`).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16 *row) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16 *row) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
 #else
-#include <mma.h>  // the CPU emulation's mma_16816 (kernels/emulated/mma.h)
+#include <mma.h>  // the CPU emulation's mma_16816 and ldmatrix (kernels/emulated/mma.h)
 #endif
 
 #define WARPS 4
@@ -65,7 +83,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
 // per backward block (16 per warp). Equal, so a causal block's tiles end at its own index.
 #define TILE 64
 // Elements a row of a shared-memory tile is padded by: rows 16 bytes further apart than their
-// data, so the 32-bit fragment loads of a warp's eight rows fall in distinct banks.
+// data, so the eight rows an `ldmatrix` phase reads fall in distinct banks.
 #define PAD 8
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define POS_INF (__int_as_float(0x7f800000))
@@ -79,42 +97,46 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
     return pack(__float2bfloat16(lo), __float2bfloat16(hi));
 }
 
-// The two adjacent bf16 values at p (4-byte aligned) as one register.
-__device__ __forceinline__ unsigned pair_at(const bf16 *p) { return *reinterpret_cast<const unsigned *>(p); }
-
-// Where lane = 4g + t of a warp sits in the m16n8k16 fragments (see mma_16816).
+// Where lane i = 4g + t of a warp sits in the m16n8k16 fragments (see mma_16816).
 struct Lane {
-    int g, t;
+    int i, g, t;
 };
+
+// The row lane l points `ldmatrix` at to load the four 8×8 quarters of the 16×16 tile at m
+// (rows `ld` elements apart) in the order top left, bottom left, top right, bottom right.
+__device__ __forceinline__ const bf16 *down_first(const bf16 *m, int ld, Lane l) {
+    return m + (l.i % 8 + 8 * (l.i / 8 % 2)) * ld + 8 * (l.i / 16);
+}
+
+// … in the order top left, top right, bottom left, bottom right.
+__device__ __forceinline__ const bf16 *across_first(const bf16 *m, int ld, Lane l) {
+    return m + (l.i % 8 + 8 * (l.i / 16)) * ld + 8 * (l.i / 8 % 2);
+}
 
 // The A operand whose element (r, k) is m[r·ld + k]: 16 rows of a row-major tile.
 __device__ __forceinline__ void a_rows(unsigned (&a)[4], const bf16 *m, int ld, Lane l) {
-    a[0] = pair_at(m + l.g * ld + 2 * l.t);
-    a[1] = pair_at(m + (l.g + 8) * ld + 2 * l.t);
-    a[2] = pair_at(m + l.g * ld + 2 * l.t + 8);
-    a[3] = pair_at(m + (l.g + 8) * ld + 2 * l.t + 8);
+    ldmatrix_x4(a, down_first(m, ld, l));
 }
 
 // The A operand whose element (r, k) is m[k·ld + r]: a row-major tile read transposed.
 __device__ __forceinline__ void a_cols(unsigned (&a)[4], const bf16 *m, int ld, Lane l) {
-    const int k = 2 * l.t;
-    a[0] = pack(m[k * ld + l.g], m[(k + 1) * ld + l.g]);
-    a[1] = pack(m[k * ld + l.g + 8], m[(k + 1) * ld + l.g + 8]);
-    a[2] = pack(m[(k + 8) * ld + l.g], m[(k + 9) * ld + l.g]);
-    a[3] = pack(m[(k + 8) * ld + l.g + 8], m[(k + 9) * ld + l.g + 8]);
+    ldmatrix_x4_trans(a, across_first(m, ld, l));
 }
 
-// The B operand whose element (k, n) is m[n·ld + k]: 8 rows of a row-major tile, as Kᵀ is to K.
-__device__ __forceinline__ void b_rows(unsigned (&b)[2], const bf16 *m, int ld, Lane l) {
-    b[0] = pair_at(m + l.g * ld + 2 * l.t);
-    b[1] = pair_at(m + l.g * ld + 2 * l.t + 8);
+// The B operands b[j] whose element (k, n) is m[(8j + n)·ld + k]: two 8-row blocks of a
+// row-major tile, as Kᵀ is to K.
+__device__ __forceinline__ void b_rows(unsigned (&b)[2][2], const bf16 *m, int ld, Lane l) {
+    unsigned r[4];
+    ldmatrix_x4(r, across_first(m, ld, l));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
-// The B operand whose element (k, n) is m[k·ld + n]: 16 rows and 8 columns of a row-major tile.
-__device__ __forceinline__ void b_cols(unsigned (&b)[2], const bf16 *m, int ld, Lane l) {
-    const int k = 2 * l.t;
-    b[0] = pack(m[k * ld + l.g], m[(k + 1) * ld + l.g]);
-    b[1] = pack(m[(k + 8) * ld + l.g], m[(k + 9) * ld + l.g]);
+// The B operands b[j] whose element (k, n) is m[k·ld + 8j + n]: 16 rows and two 8-column
+// blocks of a row-major tile.
+__device__ __forceinline__ void b_cols(unsigned (&b)[2][2], const bf16 *m, int ld, Lane l) {
+    unsigned r[4];
+    ldmatrix_x4_trans(r, down_first(m, ld, l));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
 // The A operand of columns 16c … 16c+15 of a 16 × (8·N) accumulator (rows of probabilities or
@@ -203,7 +225,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     const int q0 = blockIdx.x * TILE;
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Lane l{lane / 4, lane % 4};
+    const Lane l{lane, lane / 4, lane % 4};
     const int rows[2] = {q0 + warp * 16 + l.g, q0 + warp * 16 + l.g + 8};
 
     load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T, bq + start.bias);
@@ -228,12 +250,13 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
         float s[TILE / 8][4];
         zero(s);
 #pragma unroll
-        for (int n = 0; n < TILE / 8; ++n)
+        for (int n = 0; n < TILE / 8; n += 2)
 #pragma unroll
             for (int c = 0; c < D / 16; ++c) {
-                unsigned b[2];
+                unsigned b[2][2];
                 b_rows(b, Ks + n * 8 * LD + c * 16, LD, l);
-                mma_16816(s[n], qa[c], b);
+                mma_16816(s[n], qa[c], b[0]);
+                mma_16816(s[n + 1], qa[c], b[1]);
             }
 
         // Online softmax: mask and scale, each row's new maximum over its quad, the
@@ -277,10 +300,11 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
             unsigned pa[4];
             a_of(pa, s, c);
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                unsigned b[2];
+            for (int n = 0; n < D / 8; n += 2) {
+                unsigned b[2][2];
                 b_cols(b, Vs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(acc[n], pa, b);
+                mma_16816(acc[n], pa, b[0]);
+                mma_16816(acc[n + 1], pa, b[1]);
             }
         }
     }
@@ -331,7 +355,7 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     const int k0 = blockIdx.x * TILE;
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Lane l{lane / 4, lane % 4};
+    const Lane l{lane, lane / 4, lane % 4};
     const int keys[2] = {k0 + warp * 16 + l.g, k0 + warp * 16 + l.g + 8};
     const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
 
@@ -365,12 +389,14 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             a_rows(ka, Kw + c * 16, LD, l);
             a_rows(va, Vw + c * 16, LD, l);
 #pragma unroll
-            for (int n = 0; n < TILE / 8; ++n) {
-                unsigned b[2];
+            for (int n = 0; n < TILE / 8; n += 2) {
+                unsigned b[2][2];
                 b_rows(b, Qs + n * 8 * LD + c * 16, LD, l);
-                mma_16816(s[n], ka, b);
+                mma_16816(s[n], ka, b[0]);
+                mma_16816(s[n + 1], ka, b[1]);
                 b_rows(b, dOs + n * 8 * LD + c * 16, LD, l);
-                mma_16816(dp[n], va, b);
+                mma_16816(dp[n], va, b[0]);
+                mma_16816(dp[n + 1], va, b[1]);
             }
         }
 
@@ -393,12 +419,14 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             a_of(pa, s, c);
             a_of(da, dp, c);
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                unsigned b[2];
+            for (int n = 0; n < D / 8; n += 2) {
+                unsigned b[2][2];
                 b_cols(b, dOs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(dV[n], pa, b);
+                mma_16816(dV[n], pa, b[0]);
+                mma_16816(dV[n + 1], pa, b[1]);
                 b_cols(b, Qs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(dK[n], da, b);
+                mma_16816(dK[n], da, b[0]);
+                mma_16816(dK[n + 1], da, b[1]);
             }
         }
 
@@ -418,21 +446,24 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
         for (int c = 0; c < TILE / 16; ++c) a_cols(dsa[c], dSs + c * 16 * LDS + warp * 16, LDS, l);
         const int qrows[2] = {q0 + warp * 16 + l.g, q0 + warp * 16 + l.g + 8};
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int n = 0; n < D / 8; n += 2) {
+            float d[2][4] = {};
 #pragma unroll
             for (int c = 0; c < TILE / 16; ++c) {
-                unsigned b[2];
+                unsigned b[2][2];
                 b_cols(b, Ks + c * 16 * LD + n * 8, LD, l);
-                mma_16816(d, dsa[c], b);
+                mma_16816(d[0], dsa[c], b[0]);
+                mma_16816(d[1], dsa[c], b[1]);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                if (qrows[h] < T) {
-                    float *to = dq + start.o + (size_t)qrows[h] * ld_o + n * 8 + 2 * l.t;
-                    atomicAdd(to, scale * d[2 * h]);
-                    atomicAdd(to + 1, scale * d[2 * h + 1]);
-                }
+                if (qrows[h] < T)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        float *to = dq + start.o + (size_t)qrows[h] * ld_o + (n + j) * 8 + 2 * l.t;
+                        atomicAdd(to, scale * d[j][2 * h]);
+                        atomicAdd(to + 1, scale * d[j][2 * h + 1]);
+                    }
         }
     }
 

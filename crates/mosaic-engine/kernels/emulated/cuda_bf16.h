@@ -35,10 +35,12 @@ namespace emu {
 struct Place {
     dim3 thread, block, block_dim, grid_dim;
     unsigned char *smem = nullptr;
+    size_t smem_bytes = 0;
     std::barrier<> *block_barrier = nullptr;
     std::barrier<> *warp_barrier = nullptr;
     float *warp_exchange = nullptr;  // 32 slots of the thread's warp
     unsigned *warp_words = nullptr;  // 32 × 8 slots of the thread's warp (for mma.h)
+    const void **warp_rows = nullptr;  // 32 slots of the thread's warp (for mma.h)
 };
 
 inline thread_local Place here;
@@ -61,6 +63,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
                     warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
                 std::vector<float> exchange(32 * warps);
                 std::vector<unsigned> words(32 * 8 * warps);
+                std::vector<const void *> rows(32 * warps);
                 std::vector<std::thread> pool;
                 for (unsigned t = 0; t < threads; ++t)
                     pool.emplace_back([&, t] {
@@ -69,10 +72,12 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
                         here.block_dim = block;
                         here.grid_dim = grid;
                         here.smem = aligned;
+                        here.smem_bytes = smem_bytes;
                         here.block_barrier = &block_barrier;
                         here.warp_barrier = warp_barriers[t / 32].get();
                         here.warp_exchange = exchange.data() + 32 * (t / 32);
                         here.warp_words = words.data() + 32 * 8 * (t / 32);
+                        here.warp_rows = rows.data() + 32 * (t / 32);
                         kernel();
                     });
                 for (auto &th : pool) th.join();
