@@ -149,6 +149,15 @@ __device__ __forceinline__ void a_of(unsigned (&a)[4], const float (&acc)[N][4],
     a[3] = pack(acc[2 * c + 1][2], acc[2 * c + 1][3]);
 }
 
+// c[n] += a · b[0] and c[n + 1] += a · b[1]: one A operand against the two B operands of
+// b_rows or b_cols.
+template <int N>
+__device__ __forceinline__ void mma_pair(float (&c)[N][4], int n, const unsigned (&a)[4],
+                                         const unsigned (&b)[2][2]) {
+    mma_16816(c[n], a, b[0]);
+    mma_16816(c[n + 1], a, b[1]);
+}
+
 template <int N>
 __device__ __forceinline__ void zero(float (&acc)[N][4]) {
 #pragma unroll
@@ -255,8 +264,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
             for (int c = 0; c < D / 16; ++c) {
                 unsigned b[2][2];
                 b_rows(b, Ks + n * 8 * LD + c * 16, LD, l);
-                mma_16816(s[n], qa[c], b[0]);
-                mma_16816(s[n + 1], qa[c], b[1]);
+                mma_pair(s, n, qa[c], b);
             }
 
         // Online softmax: mask and scale, each row's new maximum over its quad, the
@@ -303,8 +311,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
             for (int n = 0; n < D / 8; n += 2) {
                 unsigned b[2][2];
                 b_cols(b, Vs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(acc[n], pa, b[0]);
-                mma_16816(acc[n + 1], pa, b[1]);
+                mma_pair(acc, n, pa, b);
             }
         }
     }
@@ -392,11 +399,9 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             for (int n = 0; n < TILE / 8; n += 2) {
                 unsigned b[2][2];
                 b_rows(b, Qs + n * 8 * LD + c * 16, LD, l);
-                mma_16816(s[n], ka, b[0]);
-                mma_16816(s[n + 1], ka, b[1]);
+                mma_pair(s, n, ka, b);
                 b_rows(b, dOs + n * 8 * LD + c * 16, LD, l);
-                mma_16816(dp[n], va, b[0]);
-                mma_16816(dp[n + 1], va, b[1]);
+                mma_pair(dp, n, va, b);
             }
         }
 
@@ -422,11 +427,9 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             for (int n = 0; n < D / 8; n += 2) {
                 unsigned b[2][2];
                 b_cols(b, dOs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(dV[n], pa, b[0]);
-                mma_16816(dV[n + 1], pa, b[1]);
+                mma_pair(dV, n, pa, b);
                 b_cols(b, Qs + c * 16 * LD + n * 8, LD, l);
-                mma_16816(dK[n], da, b[0]);
-                mma_16816(dK[n + 1], da, b[1]);
+                mma_pair(dK, n, da, b);
             }
         }
 
@@ -452,8 +455,7 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
             for (int c = 0; c < TILE / 16; ++c) {
                 unsigned b[2][2];
                 b_cols(b, Ks + c * 16 * LD + n * 8, LD, l);
-                mma_16816(d[0], dsa[c], b[0]);
-                mma_16816(d[1], dsa[c], b[1]);
+                mma_pair(d, 0, dsa[c], b);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h)
