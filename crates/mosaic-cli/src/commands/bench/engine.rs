@@ -435,14 +435,16 @@ fn print_failed(model: &str, batch: usize, e: &anyhow::Error, args: &Args) -> Re
 }
 
 /// One line for a shared stage: its time co-located against one after another, then each
-/// module's time in its slot over its time alone, beside 1/quota (that ratio were the module's
-/// time to scale with its SMs).
+/// module's time in its slot and alone, their ratio, and 1/quota beside it (that ratio were the
+/// module's time to scale with its SMs): the slowest slot is the stage's length.
 fn describe_stage(stage: &SharedStage) -> String {
     let modules: Vec<String> = (stage.modules.iter())
         .map(|m| {
             format!(
-                "{} {:.2} ({:.2})",
+                "{} {:.1}/{:.1} ms {:.2} ({:.2})",
                 m.name,
+                m.slot_ms,
+                m.alone_ms,
                 m.slot_ms / m.alone_ms,
                 1.0 / m.sm
             )
@@ -450,7 +452,7 @@ fn describe_stage(stage: &SharedStage) -> String {
         .collect();
     format!(
         "    a stage of {}: {:.2} ms co-located, {:.2} one after another ({:.2}×); in its slot \
-         over alone (1/quota): {}",
+         / alone, the ratio (1/quota): {}",
         stage.modules.len(),
         stage.colocated_ms,
         stage.one_by_one_ms,
@@ -565,7 +567,7 @@ mod tests {
         let line = describe_stage(s);
         assert!(
             line.contains("11.00 ms co-located, 12.00 one after another (1.09×)")
-                && line.contains("vision 1.29 (1.33), text 2.00 (4.00)"),
+                && line.contains("vision 9.0/7.0 ms 1.29 (1.33), text 10.0/5.0 ms 2.00 (4.00)"),
             "{line}"
         );
     }
