@@ -6,8 +6,8 @@
 //! slow, and against what.
 //!
 //! A piece's time runs from a synchronised device to a synchronised device; its backward pass
-//! starts from Σ y (an all-ones gradient, one kernel of its own). The median of `reps` runs
-//! after one warm-up run counts.
+//! starts from an all-ones gradient of its output, made once, as a module's starts from the
+//! gradient its consumers hand it. The median of `reps` runs after one warm-up run counts.
 
 use std::time::Instant;
 
@@ -16,9 +16,9 @@ use mosaic_kit::rng::SplitMix64;
 use mosaic_kit::stats::median;
 
 use crate::error::EngineError;
-use crate::models::flash;
 use crate::models::nn::{causal_mask, composed_attention, Block, LayerNorm, Linear, ParamBuilder};
 use crate::models::zoo::EncoderBlock;
+use crate::models::{flash, grad_op};
 use crate::runtime::trainer::Compute;
 
 /// One piece of a block, timed.
@@ -240,15 +240,23 @@ fn time_pieces(
 }
 
 /// Median forward and forward + backward times of `forward`, ms, over `reps` runs after one.
+/// The backward pass is seeded with ones ([`grad_op::backward_from`], as the trainer seeds a
+/// module's): from `Σ y` it would begin with candle's reduction of the whole output, which runs
+/// in one block of threads (its CUDA `fast_sum` launches a block per output element), on one SM.
 fn time(dev: &Device, forward: &dyn Fn() -> Result<Tensor>, reps: usize) -> Result<(f64, f64)> {
     let (mut forwards, mut steps) = (Vec::new(), Vec::new());
+    let mut ones: Option<Tensor> = None; // made in the warm-up run, which is not counted
     for run in 0..=reps {
         dev.synchronize()?;
         let start = Instant::now();
         let y = forward()?;
         dev.synchronize()?;
         let forward_ms = start.elapsed().as_secs_f64() * 1e3;
-        let grads = y.sum_all()?.backward()?;
+        let seed = match &ones {
+            Some(g) => g.clone(),
+            None => ones.insert(y.ones_like()?).clone(),
+        };
+        let grads = grad_op::backward_from(&y, &seed)?;
         dev.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
         drop((y, grads));
