@@ -1,10 +1,10 @@
 // Runs the fused attention kernels of `../attention.cu` on the CPU (this folder's emulation of
-// CUDA and its tensor-core product) against attention computed directly in f64 from the same
-// bf16 inputs: the output, the log-sum-exp and the gradients of q, k and v, in the layouts the engine hands the
-// kernels (q, k, v as the qkv projection writes them, its bias added by the kernels), for head
-// dimensions 16 to 128, token counts below, at and past a tile (64), causal or not, one or
-// more samples and heads. Prints one line a case and exits 1 if any misses its bound. Built
-// and run by `tests/kernels.rs`.
+// CUDA and its tensor-core instructions) against attention computed directly in f64 from the
+// same bf16 inputs: the output, the log-sum-exp and the gradients of q, k and v, in the layouts
+// the engine hands the kernels (q, k, v as the qkv projection writes them, its bias added by the
+// kernels), for head dimensions 16 to 128, token counts below, at and past a tile (64), causal
+// or not, one or more samples and heads. Prints one line a case and exits 1 if any misses its
+// bound. Built and run by `tests/kernels.rs`.
 #include "../attention.cu"
 #include "check.h"
 

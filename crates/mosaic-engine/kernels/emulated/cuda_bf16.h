@@ -2,8 +2,9 @@
 // under g++ in tests where no GPU is (`tests/kernels.rs`): one std::thread per CUDA thread of
 // a block, blocks one after another; __syncthreads and __syncwarp are barriers of the block's
 // and the warp's threads; warp shuffles go through a per-warp exchange; bf16 is a 16-bit value
-// rounded to nearest even, as __float2bfloat16 does. The tensor-core product is in `mma.h`. Semantics, not
-// speed: every thread is a real thread, so a missing barrier is a real race here too.
+// rounded to nearest even, as __float2bfloat16 does. The tensor-core instructions are in `mma.h`.
+// Semantics, not speed: every thread is a real thread, so a missing barrier is a real race here
+// too.
 #pragma once
 
 #include <algorithm>
@@ -39,7 +40,7 @@ struct Place {
     std::barrier<> *block_barrier = nullptr;
     std::barrier<> *warp_barrier = nullptr;
     float *warp_exchange = nullptr;  // 32 slots of the thread's warp
-    unsigned *warp_words = nullptr;  // 32 × 8 slots of the thread's warp (for mma.h)
+    unsigned *warp_words = nullptr;  // 32 × 6 slots of the thread's warp (for mma.h)
     const void **warp_rows = nullptr;  // 32 slots of the thread's warp (for mma.h)
 };
 
@@ -62,7 +63,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
                 for (unsigned w = 0; w < warps; ++w)
                     warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
                 std::vector<float> exchange(32 * warps);
-                std::vector<unsigned> words(32 * 8 * warps);
+                std::vector<unsigned> words(32 * 6 * warps);
                 std::vector<const void *> rows(32 * warps);
                 std::vector<std::thread> pool;
                 for (unsigned t = 0; t < threads; ++t)
@@ -76,7 +77,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
                         here.block_barrier = &block_barrier;
                         here.warp_barrier = warp_barriers[t / 32].get();
                         here.warp_exchange = exchange.data() + 32 * (t / 32);
-                        here.warp_words = words.data() + 32 * 8 * (t / 32);
+                        here.warp_words = words.data() + 32 * 6 * (t / 32);
                         here.warp_rows = rows.data() + 32 * (t / 32);
                         kernel();
                     });

@@ -16,13 +16,13 @@
 inline void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     const unsigned lane = threadIdx.x % 32;
     unsigned *words = emu::here.warp_words;
-    for (int i = 0; i < 4; ++i) words[lane * 8 + i] = a[i];
-    words[lane * 8 + 4] = b[0];
-    words[lane * 8 + 5] = b[1];
+    for (int i = 0; i < 4; ++i) words[lane * 6 + i] = a[i];
+    words[lane * 6 + 4] = b[0];
+    words[lane * 6 + 5] = b[1];
     __syncwarp();
     // The bf16 in half `odd` of register `reg` of lane `owner`.
     auto at = [&](unsigned owner, unsigned reg, unsigned odd) {
-        const unsigned w = words[owner * 8 + reg];
+        const unsigned w = words[owner * 6 + reg];
         return __bfloat162float(__nv_bfloat16{uint16_t(odd ? w >> 16 : w & 0xffffu)});
     };
     // A(r, k): lane 4·(r mod 8) + (k mod 8)/2, register (r ≥ 8) + 2·(k ≥ 8), half k mod 2.
