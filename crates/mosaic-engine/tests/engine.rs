@@ -162,6 +162,22 @@ fn the_same_plan_repeats_bit_for_bit() {
     }
 }
 
+/// CUDA graphs are a GPU's: on the CPU every module says it launches op by op, and no step
+/// reports a replay.
+#[test]
+fn on_the_cpu_every_module_launches_op_by_op() {
+    let mut t = trainer("clip-tiny", Some(&staged("clip-tiny")));
+    for _ in 0..3 {
+        let r = t.step().unwrap();
+        assert!(r.stages.iter().flat_map(|s| &s.modules).all(|m| !m.graphed));
+    }
+    let launches = t.launches();
+    assert_eq!(launches.len(), 3);
+    for (module, how) in launches {
+        assert_eq!(how, "op by op: on the CPU", "{module}");
+    }
+}
+
 #[test]
 fn a_checkpoint_restores_the_run_exactly() {
     let dir = std::env::temp_dir().join(format!("mosaic-engine-ckpt-{}", std::process::id()));

@@ -538,11 +538,22 @@ fn conclude(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, s: &St
     };
     let ran = last.step - resumed_from.unwrap_or(0);
     let ms_per_step = s.t0.elapsed().as_secs_f64() * 1e3 / ran as f64;
+    // On a GPU, how each module's passes were launched (op by op, or from CUDA graphs).
+    let launches = match args.device {
+        DeviceArg::Cpu => Vec::new(),
+        DeviceArg::Cuda => trainer.launches(),
+    };
     if v.json {
+        let launches: serde_json::Map<String, serde_json::Value> = (launches.into_iter())
+            .map(|(m, how)| (m.to_string(), how.into()))
+            .collect();
         let done = json!({"event": "done", "step": last.step, "loss": last.loss,
-                          "ms_per_step": ms_per_step});
+                          "ms_per_step": ms_per_step, "launches": launches});
         println!("{done}");
         return;
+    }
+    for (m, how) in launches {
+        eprintln!("{m}: {how}");
     }
     println!(
         "{}: steps {}–{}, loss {:.4} → {:.4} (mean of the last {}: {:.4}), {:.1} ms/step{}",

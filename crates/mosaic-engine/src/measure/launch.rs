@@ -8,9 +8,9 @@
 //! capture refuses; under `CudaDevice::enable_cuda_graph_htod_cache` (candle 0.11.1) a
 //! warm-up pass leaves those uploads on the device and the captured pass reads them there.
 //! The passes launched op by op are timed without it, as the trainer runs.
-//! Allocations made while capturing become the graph's own memory nodes; the graph is
-//! instantiated to free them before each replay (`AUTO_FREE_ON_LAUNCH`), so the captured
-//! result keeps its address and holds each replay's values.
+//! Allocations made while capturing become the graph's own memory nodes
+//! ([`crate::runtime::graphed`]), so the captured result keeps its address and holds each
+//! replay's values.
 
 use serde::Serialize;
 
@@ -85,8 +85,6 @@ mod on_device {
     use std::time::Instant;
 
     use candle_core::backend::BackendDevice;
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    use candle_core::cuda_backend::WrapErr;
     use candle_core::{bail, CudaDevice, DType, Device, Error, Result, Tensor};
     use mosaic_kit::rng::SplitMix64;
     use mosaic_kit::stats::{median, relative_error};
@@ -94,6 +92,7 @@ mod on_device {
     use super::{LaunchCost, Pass};
     use crate::models::nn::{to_f32s, Block, ParamBuilder};
     use crate::models::zoo::EncoderBlock;
+    use crate::runtime::graphed::record;
 
     pub(super) fn measure(
         dev: &Device,
@@ -139,43 +138,17 @@ mod on_device {
         let (eager_ms, eager_host_ms) = timed(cuda, reps, run)?;
 
         // One more run with the upload cache on leaves every shape on the device for the
-        // capture to read; then the capture, ended whatever happened inside it.
+        // capture to read; then the capture, launched once.
         let _cached = cuda.enable_cuda_graph_htod_cache();
         drop(run()?);
-        cuda.synchronize()?;
-        let stream = cuda.cuda_stream();
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .w()?;
-        // A panic inside (candle and cudarc panic on some CUDA failures) is raised again once
-        // the capture has ended, so that the thread is not left capturing.
-        let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
-        // cudarc keeps a failed free's error for the next call, which would then return it
-        // before ending the capture: taken here, reported after the capture has ended.
-        let pending = stream.context().check_err();
-        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        let graph = stream.end_capture(flags);
-        let captured = captured.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        pending.w()?;
-        let result = captured?;
-        let Some(graph) = graph.w()? else {
-            bail!("the capture recorded no work")
-        };
-        // Launched once before anything else can fail: a graph allocation that no launch has
-        // reached must not be freed (the result's drop frees them).
-        let (graph_ms, _) = timed(cuda, reps, &|| graph.launch().w())?;
-        let mut nodes = 0usize;
-        // SAFETY: a live graph owned by `graph`; a null node array asks for the count alone.
-        unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
-            .result()
-            .w()?;
+        let captured = record(cuda, run)?;
+        let (graph_ms, _) = timed(cuda, reps, &|| captured.replay().map(drop))?;
+        let nodes = captured.nodes()?;
         // The last replay's result against the pass launched op by op.
-        let replayed = to_f32s(&result)?;
+        let replayed = to_f32s(captured.last())?;
         let direct = to_f32s(&run()?)?;
         cuda.synchronize()?;
-        // The graph first: the result's memory is the graph's, freed by the result's drop.
-        drop(graph);
-        drop(result);
+        drop(captured);
         Ok(LaunchCost {
             pass,
             eager_ms,

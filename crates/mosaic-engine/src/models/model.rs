@@ -88,7 +88,10 @@ pub fn shards(batch: usize, count: usize) -> Vec<Shard> {
 
 /// A module's computation. Implementations hold the tensors of their [`Params`] (the same
 /// storage as the optimizer's variables) and must use only ops with a backward pass
-/// (see [`super::nn`]).
+/// (see [`super::nn`]). On a GPU a launch-bound module's passes are replayed from CUDA graphs
+/// (`crate::runtime::graphed`), so a forward pass must depend on nothing but its inputs and
+/// parameters: whatever it computes on the host from its inputs it must read back first, which
+/// a capture refuses (the module then stays op by op).
 pub trait Net: Send + Sync {
     /// The replica's forward pass. `inputs` follow [`Module::inputs`]: the shard's rows for a
     /// [`Coupling::Sharded`] module, the whole batch for a [`Coupling::Gathered`] one.

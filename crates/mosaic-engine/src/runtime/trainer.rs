@@ -46,6 +46,9 @@ use crate::models::data::Batch;
 use crate::models::model::{shards, Coupling, Input, Model, Output, Shard};
 use crate::models::nn::to_f32s;
 
+mod launch;
+use launch::Launch;
+
 /// Settings of a training run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
@@ -57,16 +60,21 @@ pub struct TrainConfig {
     pub slots: SlotMode,
     /// Where modules compute.
     pub compute: Compute,
+    /// On a GPU, replay the passes of launch-bound modules from CUDA graphs from the second
+    /// step on (see [`Trainer::launches`]).
+    pub graphs: bool,
 }
 
 impl Default for TrainConfig {
-    /// Batch 16, [`AdamWConfig::default`], pooled slots, on the CPU.
+    /// Batch 16, [`AdamWConfig::default`], pooled slots, on the CPU, CUDA graphs where
+    /// they pay.
     fn default() -> Self {
         TrainConfig {
             batch: 16,
             adamw: AdamWConfig::default(),
             slots: SlotMode::Pooled,
             compute: Compute::Cpu,
+            graphs: true,
         }
     }
 }
@@ -97,6 +105,8 @@ pub struct ModuleTiming {
     pub forward_host_ms: f64,
     /// The same for its backward pass and optimizer step, in ms.
     pub backward_host_ms: f64,
+    /// Whether its forward pass was replayed from a CUDA graph (see [`Trainer::launches`]).
+    pub graphed: bool,
 }
 
 /// A stage's times in one step.
@@ -160,6 +170,9 @@ pub struct Trainer {
     pub(crate) config: TrainConfig,
     pub(crate) optimizers: Vec<Mutex<AdamW>>,
     pub(crate) step: u64,
+    /// How each module's passes are launched; dropped before the devices and slots its graphs
+    /// use.
+    launches: Vec<Mutex<Launch>>,
     /// Every module's candle device; on a GPU, bound to its slot's stream. Fields drop in
     /// order: the model, the optimizers and these before the slots whose streams they use.
     devices: Vec<Device>,
@@ -180,13 +193,30 @@ struct ReplicaTape {
     inputs: Vec<Option<Var>>,
 }
 
-struct Forward {
-    /// This rank's replicas.
-    replicas: Vec<ReplicaTape>,
+/// What a module's forward pass leaves on this rank.
+struct Replicas {
+    /// Its replicas' tapes (none where its CUDA graph keeps them, see [`Launch`]).
+    tapes: Vec<ReplicaTape>,
     /// This rank's rows of the activation (detached), for an activation module.
     output: Option<Tensor>,
     /// This rank's share of the batch loss, for the loss module.
     loss: Option<Tensor>,
+}
+
+/// What a module's backward pass yields on this rank.
+#[derive(Clone)]
+struct Grads {
+    /// Its parameters' gradients summed over this rank's replicas (`None` with no replica).
+    params: Option<Vec<Tensor>>,
+    /// Per module input, this rank's part of ∂loss/∂input (`None` for data inputs, or with no
+    /// replica here): its replicas' row shards, or for a gathered module their sum.
+    inputs: Vec<Option<Tensor>>,
+}
+
+struct Forward {
+    run: Replicas,
+    /// Whether the pass was replayed from the module's CUDA graph, which keeps the tapes.
+    graphed: bool,
     began: Instant,
     /// Until the host waited for the slot's stream.
     host_ms: f64,
@@ -289,12 +319,21 @@ impl Trainer {
             }
         };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
+        let launch = || match config.compute {
+            Compute::Cuda(_) if config.graphs => Launch::Undecided,
+            Compute::Cuda(_) => Launch::OpByOp("CUDA graphs are turned off".into()),
+            Compute::Cpu => Launch::OpByOp("on the CPU".into()),
+        };
+        let launches = (model.modules.iter())
+            .map(|_| Mutex::new(launch()))
+            .collect();
         let mut trainer = Trainer {
             model,
             schedule,
             config,
             optimizers,
             step: 0,
+            launches,
             devices,
             slots,
             collective,
@@ -363,6 +402,16 @@ impl Trainer {
         &self.recomputing
     }
 
+    /// How each module's passes are launched, in words, by module: op by op (and why) or
+    /// replayed from CUDA graphs (on a GPU, for modules whose host time rivals their GPU
+    /// time, from the second step on).
+    pub fn launches(&self) -> Vec<(&'static str, String)> {
+        (self.model.modules.iter())
+            .zip(&self.launches)
+            .map(|(m, l)| (m.name, l.lock().expect("launch lock").describe()))
+            .collect()
+    }
+
     /// The collective the replicas use.
     pub fn collective(&self) -> &dyn Collective {
         &*self.collective
@@ -374,6 +423,15 @@ impl Trainer {
         let start = Instant::now();
         let it = self.iterate(true)?;
         self.step += 1;
+        for t in it.stages.iter().flat_map(|s| &s.modules) {
+            if let Some(m) = self.model.index_of(&t.name) {
+                let launch = self.launches[m].get_mut().expect("launch lock");
+                launch.decide(
+                    t.forward_host_ms + t.backward_host_ms,
+                    t.forward_ms + t.backward_ms,
+                );
+            }
+        }
         Ok(StepReport {
             step: self.step,
             loss: it.loss,
@@ -438,7 +496,7 @@ impl Trainer {
             .batch(self.step, self.config.batch, &Device::Cpu)
             .map_err(EngineError::tensor("data"))?;
         let data_ms = ms(start);
-        let (loss, mut stages, tapes) = self.forward_pass(&batch)?;
+        let (loss, mut stages, tapes) = self.forward_pass(&batch, apply)?;
         let grads = self.backward_pass(tapes, &mut stages, apply)?;
         Ok(Iteration {
             loss,
@@ -475,6 +533,7 @@ impl Trainer {
     fn forward_pass(
         &self,
         batch: &Batch,
+        apply: bool,
     ) -> Result<(f32, Vec<StageReport>, Vec<Option<Forward>>), EngineError> {
         let n = self.model.modules.len();
         let mut outputs: Vec<Option<Tensor>> = vec![None; n];
@@ -485,7 +544,7 @@ impl Trainer {
             let t0 = Instant::now();
             let outs = &outputs;
             let results = self.run_stage(stage, |p| {
-                Box::new(move || self.forward_module(p.module(), p.dp(), batch, outs))
+                Box::new(move || self.forward_module(p.module(), p.dp(), batch, outs, apply))
             })?;
             let mut launch = 0f64;
             let mut modules = Vec::with_capacity(stage.len());
@@ -498,14 +557,16 @@ impl Trainer {
                     backward_ms: 0.0,
                     forward_host_ms: f.host_ms,
                     backward_host_ms: 0.0,
+                    graphed: f.graphed,
                 });
                 let err = EngineError::tensor(&p.name);
                 match self.model.modules[p.module()].output {
                     Output::Activation => {
-                        outputs[p.module()] = Some(self.gather_rows(p.module(), f.output.take())?);
+                        outputs[p.module()] =
+                            Some(self.gather_rows(p.module(), f.run.output.take())?);
                     }
                     Output::Loss => {
-                        let total = self.sum_over_ranks(f.loss.take())?;
+                        let total = self.sum_over_ranks(f.run.loss.take())?;
                         loss = Some(total.to_scalar::<f32>().map_err(err)?);
                     }
                 }
@@ -598,13 +659,15 @@ impl Trainer {
             .collect()
     }
 
-    /// Forward pass of module `m`'s replicas on this rank, inside its slot.
+    /// Forward pass of module `m`'s replicas on this rank, inside its slot; replayed from its
+    /// CUDA graph in a step that `apply`s updates, where it has one (see [`Launch`]).
     fn forward_module(
         &self,
         m: usize,
         dp: usize,
         batch: &Batch,
         outputs: &[Option<Tensor>],
+        apply: bool,
     ) -> Result<Forward, EngineError> {
         let began = Instant::now();
         let module = &self.model.modules[m];
@@ -624,10 +687,39 @@ impl Trainer {
             })
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
+        let mut launch = self.launches[m].lock().expect("launch lock");
+        let (run, graphed) = if apply && launch.replays() {
+            let run = |inputs: &[Tensor]| self.forward_replicas(m, dp, inputs);
+            launch::forward(&mut launch, device, wholes, &run).map_err(err())?
+        } else {
+            (self.forward_replicas(m, dp, &wholes).map_err(err())?, false)
+        };
+        drop(launch);
+        // The module's work is done when its stream is (the stage waits for its slowest).
+        let host_ms = ms(began);
+        device.synchronize().map_err(err())?;
+        Ok(Forward {
+            run,
+            graphed,
+            began,
+            host_ms,
+            ms: ms(began),
+        })
+    }
+
+    /// Module `m`'s replicas on this rank run forward on the whole batch's `inputs` (on its
+    /// device), their output or loss share gathered.
+    fn forward_replicas(
+        &self,
+        m: usize,
+        dp: usize,
+        inputs: &[Tensor],
+    ) -> candle_core::Result<Replicas> {
+        let module = &self.model.modules[m];
         // A module that never back-propagates lets its tape go at once.
         let keeps_tape = module.back_propagates();
         let replica = |shard: Shard| -> candle_core::Result<ReplicaTape> {
-            let (xs, vars) = module.replica_inputs(wholes.iter().cloned(), &shard)?;
+            let (xs, vars) = module.replica_inputs(inputs.iter().cloned(), &shard)?;
             let out = module.net.forward(&xs, &shard)?;
             let out = if keeps_tape { out } else { out.detach() };
             Ok(ReplicaTape {
@@ -636,22 +728,16 @@ impl Trainer {
                 inputs: vars,
             })
         };
-        let replicas = each_replica(device, self.local_shards(m, dp), replica).map_err(err())?;
-        let local = replicas.iter().map(|r| r.out.detach()).collect();
+        let tapes = each_replica(&self.devices[m], self.local_shards(m, dp), replica)?;
+        let local = tapes.iter().map(|r| r.out.detach()).collect();
         let (output, loss) = match module.output {
-            Output::Activation => (cat_rows(local).map_err(err())?, None),
-            Output::Loss => (None, sum_all(local).map_err(err())?),
+            Output::Activation => (cat_rows(local)?, None),
+            Output::Loss => (None, sum_all(local)?),
         };
-        // The module's work is done when its stream is (the stage waits for its slowest).
-        let host_ms = ms(began);
-        device.synchronize().map_err(err())?;
-        Ok(Forward {
-            replicas,
+        Ok(Replicas {
+            tapes,
             output,
             loss,
-            began,
-            host_ms,
-            ms: ms(began),
         })
     }
 
@@ -676,28 +762,23 @@ impl Trainer {
             .collect::<candle_core::Result<Vec<_>>>()
             .map_err(err())?;
         let out_grad = sum_all(here).map_err(err())?;
-        let per_replica = if module.back_propagates() {
-            each_replica(device, &tape.replicas, |r| {
-                module.replica_backward(&r.out, out_grad.as_ref(), &r.rows, &r.inputs)
-            })
-            .map_err(err())?
+        let grads = if !module.back_propagates() {
+            Grads {
+                params: None,
+                inputs: vec![None; module.inputs.len()],
+            }
+        } else if tape.graphed {
+            let mut launch = self.launches[m].lock().expect("launch lock");
+            let run =
+                |tapes: &[ReplicaTape], g: Option<&Tensor>| self.backward_replicas(m, tapes, g);
+            launch::backward(&mut launch, device, out_grad, &run).map_err(err())?
         } else {
-            Vec::new()
+            (self.backward_replicas(m, &tape.run.tapes, out_grad.as_ref())).map_err(err())?
         };
-        let (params, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
-
-        // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
-        // or for a gathered module (every replica saw the whole batch) their sum.
-        let input_grads = (0..module.inputs.len())
-            .map(|i| {
-                let local: Vec<Tensor> = inputs.iter().filter_map(|r| r[i].clone()).collect();
-                match module.coupling {
-                    Coupling::Sharded => cat_rows(local),
-                    Coupling::Gathered => sum_all(local),
-                }
-            })
-            .collect::<candle_core::Result<Vec<_>>>()
-            .map_err(err())?;
+        let Grads {
+            params,
+            inputs: input_grads,
+        } = grads;
 
         let param_grads = if !module.trainable {
             // Frozen: no update, no all-reduce; zero gradients when asked for.
@@ -734,24 +815,58 @@ impl Trainer {
         })
     }
 
-    /// Module `m`'s parameter gradients summed over its replicas: on this rank in replica
-    /// order, then over the ranks of its group by one all-reduce of a single bucket. `None`
-    /// with no replica on this rank.
+    /// Back-propagates module `m`'s replicas on this rank from their `tapes`, given
+    /// ∂loss/∂output of the whole batch (`None` for the loss module).
+    fn backward_replicas(
+        &self,
+        m: usize,
+        tapes: &[ReplicaTape],
+        out_grad: Option<&Tensor>,
+    ) -> candle_core::Result<Grads> {
+        let module = &self.model.modules[m];
+        let per_replica = each_replica(&self.devices[m], tapes, |r| {
+            module.replica_backward(&r.out, out_grad, &r.rows, &r.inputs)
+        })?;
+        let (replicas, inputs): (Vec<_>, Vec<_>) = per_replica.into_iter().unzip();
+        // Parameter gradients summed in replica order.
+        let mut replicas = replicas.into_iter();
+        let params = match replicas.next() {
+            None => None,
+            Some(mut params) => {
+                for r in replicas {
+                    for (a, t) in params.iter_mut().zip(r) {
+                        *a = (&*a + t)?;
+                    }
+                }
+                Some(params)
+            }
+        };
+        // ∂loss/∂input of this rank's replicas, per input: their row shards in replica order,
+        // or for a gathered module (every replica saw the whole batch) their sum.
+        let inputs = (0..module.inputs.len())
+            .map(|i| {
+                let local: Vec<Tensor> = inputs.iter().filter_map(|r| r[i].clone()).collect();
+                match module.coupling {
+                    Coupling::Sharded => cat_rows(local),
+                    Coupling::Gathered => sum_all(local),
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Grads { params, inputs })
+    }
+
+    /// Module `m`'s parameter gradients, summed over this rank's replicas (`None` with no
+    /// replica on this rank), summed over the ranks of its group by one all-reduce of a single
+    /// bucket.
     fn reduce_params(
         &self,
         m: usize,
-        replicas: Vec<Vec<Tensor>>,
+        params: Option<Vec<Tensor>>,
     ) -> Result<Option<Vec<Tensor>>, EngineError> {
         let err = || EngineError::tensor(self.model.modules[m].name);
-        let mut replicas = replicas.into_iter();
-        let Some(mut params) = replicas.next() else {
+        let Some(mut params) = params else {
             return Ok(None);
         };
-        for r in replicas {
-            for (a, t) in params.iter_mut().zip(r) {
-                *a = (&*a + t).map_err(err())?;
-            }
-        }
         if self.groups[m].len() > 1 && !params.is_empty() {
             // One bucket per module: a single all-reduce of every parameter's gradient, on the
             // module's device (a GPU's memory, with NCCL).

@@ -123,6 +123,8 @@ struct Timed {
     modules: BTreeMap<String, f64>,
     /// The modules that recompute their activations (a trial step ran out of memory).
     recomputing: Vec<String>,
+    /// The modules whose passes were replayed from CUDA graphs in the timed steps.
+    graphed: Vec<String>,
 }
 
 /// Runs `mosaic bench engine`.
@@ -278,8 +280,13 @@ fn time(
         .iter()
         .map(|m| m.to_string())
         .collect();
+    let graphed = (trainer.launches().into_iter())
+        .filter(|(_, how)| how.contains("replayed"))
+        .map(|(m, _)| m.to_string())
+        .collect();
     Ok(Timed {
         recomputing,
+        graphed,
         ..medians(&reports)
     })
 }
@@ -311,6 +318,7 @@ fn medians(reports: &[StepReport]) -> Timed {
         stages,
         modules: per_step.into_iter().map(|(n, ts)| (n, of(ts))).collect(),
         recomputing: Vec::new(),
+        graphed: Vec::new(),
     }
 }
 
@@ -380,6 +388,7 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             "recomputing": {
                 "mosaic": row.mosaic.recomputing, "sequential": row.sequential.recomputing,
             },
+            "graphed": {"mosaic": row.mosaic.graphed, "sequential": row.sequential.graphed},
             "plan_from": args.plan_from,
             "prediction_error": error,
             "shared_stages": row.shared,
@@ -410,6 +419,12 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
                 println!(
                     "    recomputing activations by {schedule}: {}",
                     timed.recomputing.join(", ")
+                );
+            }
+            if !timed.graphed.is_empty() {
+                println!(
+                    "    replayed from CUDA graphs by {schedule}: {}",
+                    timed.graphed.join(", ")
                 );
             }
         }
@@ -484,6 +499,7 @@ mod tests {
                         backward_ms,
                         forward_host_ms: 0.0,
                         backward_host_ms: 0.0,
+                        graphed: false,
                     })
                     .collect(),
             })

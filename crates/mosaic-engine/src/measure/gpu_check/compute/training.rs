@@ -36,8 +36,14 @@ pub(super) const F32_BOUNDS: Bounds = (1e-4, 1e-2);
 /// bf16 products on the GPU against f32 on the CPU (bf16 keeps 8 bits of mantissa).
 pub(super) const BF16_BOUNDS: Bounds = (2e-2, 2e-1);
 
-/// Loss and every gradient on the GPU against the CPU (same seed, batch 16), then ten
-/// steps on the GPU whose loss must fall.
+/// Largest relative difference between a step's loss with CUDA graphs and op by op (they
+/// differ by the fused attention's atomic dQ sums; a graph replaying wrong memory is off by
+/// far more).
+const GRAPHED_LOSS_BOUND: f32 = 1e-2;
+
+/// Loss and every gradient on the GPU against the CPU (same seed, batch 16), then eleven
+/// steps on the GPU whose loss must fall, launch-bound modules replayed from CUDA graphs
+/// from the second, against the same steps op by op.
 pub(super) fn train(
     ordinal: usize,
     name: &str,
@@ -45,7 +51,7 @@ pub(super) fn train(
     colocated: bool,
     (loss_bound, grad_bound): Bounds,
 ) -> Res<(bool, String)> {
-    let trainer = |compute: Compute| -> Res<Trainer> {
+    let trainer = |compute: Compute, graphs: bool| -> Res<Trainer> {
         let recipe = models::Recipe {
             size,
             ..models::Recipe::new(name, 0)
@@ -58,12 +64,13 @@ pub(super) fn train(
         };
         let config = TrainConfig {
             compute,
+            graphs,
             ..TrainConfig::default()
         };
         Trainer::new(model, schedule, config)
     };
-    let (cpu_loss, cpu_grads) = trainer(Compute::Cpu)?.gradients()?;
-    let mut gpu = trainer(Compute::Cuda(ordinal))?;
+    let (cpu_loss, cpu_grads) = trainer(Compute::Cpu, false)?.gradients()?;
+    let mut gpu = trainer(Compute::Cuda(ordinal), true)?;
     let (gpu_loss, gpu_grads) = gpu.gradients()?;
     let mut grad_err = 0f32;
     for (c, g) in cpu_grads.iter().zip(&gpu_grads) {
@@ -91,13 +98,32 @@ pub(super) fn train(
         });
     }
     let first = gpu.step()?;
+    let mut losses = vec![first.loss];
     let mut last = first.clone();
     for _ in 0..9 {
         last = gpu.step()?;
+        losses.push(last.loss);
     }
     let started = Instant::now();
     let timed = gpu.step()?;
     let wall = started.elapsed().as_secs_f64() * 1e3;
+    losses.push(timed.loss);
+    // The same steps with every module launched op by op.
+    let mut op_by_op = trainer(Compute::Cuda(ordinal), false)?;
+    let mut graph_err = 0f32;
+    for loss in &losses {
+        let plain = op_by_op.step()?.loss;
+        graph_err = graph_err.max((loss - plain).abs() / plain.abs().max(1e-30));
+    }
+    let launches = gpu.launches();
+    let graphed: Vec<&str> = (launches.iter())
+        .filter(|(_, how)| how.contains("replayed"))
+        .map(|(m, _)| *m)
+        .collect();
+    let not_graphed: Vec<String> = (launches.iter())
+        .filter(|(_, how)| !how.contains("replayed"))
+        .map(|(m, how)| format!("{m}: {}", how.chars().take(160).collect::<String>()))
+        .collect();
     // How much of each module's time the host spent issuing its work (launch-bound near 1).
     let launch: Vec<String> = (timed.stages.iter().flat_map(|s| &s.modules))
         .map(|t| {
@@ -110,16 +136,22 @@ pub(super) fn train(
         loss_err < loss_bound
             && grad_err < grad_bound
             && recompute_err < 1e-3
-            && last.loss < first.loss,
+            && last.loss < first.loss
+            && !graphed.is_empty()
+            && graph_err < GRAPHED_LOSS_BOUND,
         format!(
             "loss {gpu_loss:.5} vs CPU {cpu_loss:.5} (rel {loss_err:.1e}, bound \
              {loss_bound:.0e}), gradients max rel err {grad_err:.1e} (bound \
              {grad_bound:.0e}), recomputed {recompute_err:.1e} (bound 1e-3); 10 steps \
-             {:.3} → {:.3}; a step {:.2} ms ({wall:.2} ms wall); host launch share {}",
+             {:.3} → {:.3}; a step {:.2} ms ({wall:.2} ms wall); host launch share {}; \
+             CUDA graphs replayed for [{}], losses {graph_err:.1e} from op by op (bound \
+             {GRAPHED_LOSS_BOUND:.0e}); not graphed: [{}]",
             first.loss,
             last.loss,
             timed.step_ms,
-            launch.join(", ")
+            launch.join(", "),
+            graphed.join(", "),
+            not_graphed.join("; ")
         ),
     ))
 }

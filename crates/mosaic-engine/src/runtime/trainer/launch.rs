@@ -1,0 +1,321 @@
+//! How a module's passes are launched on a GPU: op by op, or replayed from CUDA graphs
+//! ([`crate::runtime::graphed`]).
+//!
+//! Every module runs its first step op by op. A module whose host then spent at least
+//! [`LAUNCH_BOUND`] of its time issuing work kept its GPU waiting for launches: its next
+//! step captures its forward pass as one graph and its backward pass (without the
+//! optimizer step and the all-reduce, which stay outside) as another, and later steps replay
+//! them. Capturing follows PyTorch's `make_graphed_callables`: the forward graph reads its
+//! inputs from buffers of its own, into which each step copies the whole batch's inputs; its
+//! replicas' tapes (candle's autograd graph, whose tensors are the graph's memory) are kept
+//! for the backward graph, which reads ∂loss/∂output from a buffer of its own and writes the
+//! gradients in place. A module whose pass cannot be captured, or whose replay does not
+//! reproduce the pass, stays op by op, with the reason (`Trainer::launches`).
+
+use candle_core::{Device, Result, Tensor};
+
+use super::{Grads, ReplicaTape, Replicas};
+use crate::models::nn::to_f32s;
+use crate::runtime::graphed::{capture, Capture, Captured};
+use mosaic_kit::stats::relative_error;
+
+/// The share of a module's step (forward, backward and optimizer) the host spends issuing its
+/// work at or above which the module's passes are replayed from CUDA graphs. At half, the
+/// GPU idles for launches at least as long as the launches the host issues ahead of it; the
+/// H200 put ImageBind imu's block at batch 2 at 52 % and real-size blocks at batch 16 at 1–2 %
+/// (`mosaic bench block`, README "Measured on an H200 (2026-11-28)").
+pub(crate) const LAUNCH_BOUND: f64 = 0.5;
+
+/// Largest difference, relative to a tensor's largest magnitude, between a replayed pass and
+/// the same pass launched op by op. Both run the same kernels on the same values, except that
+/// the fused attention's backward pass adds dQ with atomics in no fixed order (`check gpu`:
+/// real-size CLIP's losses 6e-4 apart over six steps); a replay that reads or writes the wrong
+/// memory is off by the order of the values themselves.
+const REPLAY_BOUND: f32 = 2e-2;
+
+/// How one module's passes are launched.
+pub(crate) enum Launch {
+    /// Op by op, until its first step says whether it is launch-bound.
+    Undecided,
+    /// Op by op, and why.
+    OpByOp(String),
+    /// Op by op until its next step, which captures its passes.
+    Capture,
+    /// Replayed from its CUDA graphs.
+    Graphed(Box<ModuleGraphs>),
+}
+
+impl Launch {
+    /// Whether a step that applies updates captures or replays the module's passes.
+    pub(super) fn replays(&self) -> bool {
+        matches!(self, Launch::Capture | Launch::Graphed(_))
+    }
+
+    /// After an op-by-op step whose module spent `host_ms` of `ms` issuing its work: capture
+    /// from the next step if launch-bound, else op by op for good.
+    pub(super) fn decide(&mut self, host_ms: f64, ms: f64) {
+        if !matches!(self, Launch::Undecided) {
+            return;
+        }
+        let share = host_ms / ms.max(1e-9);
+        *self = if share >= LAUNCH_BOUND {
+            Launch::Capture
+        } else {
+            Launch::OpByOp(format!(
+                "GPU-bound: the host issued its work in {:.0} % of its step (graphs from {:.0} %)",
+                100.0 * share,
+                100.0 * LAUNCH_BOUND
+            ))
+        };
+    }
+
+    /// What it is, in words.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Launch::Undecided => "op by op (its first step decides)".into(),
+            Launch::OpByOp(why) => format!("op by op: {why}"),
+            Launch::Capture => "op by op, captured as CUDA graphs at its next step".into(),
+            Launch::Graphed(g) => match &g.backward {
+                Backward::Graphed(_) => "forward and backward replayed from CUDA graphs".into(),
+                Backward::Pending => "forward replayed from a CUDA graph".into(),
+                Backward::OpByOp(why) => {
+                    format!("forward replayed from a CUDA graph, backward op by op: {why}")
+                }
+            },
+        }
+    }
+}
+
+/// A module's captured passes and the buffers they read.
+pub(crate) struct ModuleGraphs {
+    // Graphs and their results first: the buffers they read outlive them.
+    forward: Captured<Replicas>,
+    backward: Backward,
+    /// The whole batch of every input, where the forward graph reads it.
+    inputs: Vec<Tensor>,
+    /// ∂loss/∂output of the whole batch, where the backward graph reads it (`None` for the
+    /// loss module, or before the backward graph exists).
+    out_grad: Option<Tensor>,
+}
+
+/// The backward pass of a module whose forward pass is graphed.
+enum Backward {
+    /// Captured at the module's next backward pass.
+    Pending,
+    /// Op by op over the forward graph's tapes, and why.
+    OpByOp(String),
+    /// Replayed.
+    Graphed(Captured<Grads>),
+}
+
+/// The forward pass `run` (module replicas on the whole batch's inputs) of a module whose
+/// `launch` [`Launch::replays`], on the whole batch's `wholes`: captured now
+/// ([`Launch::Capture`]) or replayed. Returns its result (the tapes stay with the graph) and
+/// whether it was replayed; a module that cannot be graphed (or whose inputs change shape)
+/// runs op by op and stays so.
+pub(super) fn forward(
+    launch: &mut Launch,
+    device: &Device,
+    wholes: Vec<Tensor>,
+    run: &dyn Fn(&[Tensor]) -> Result<Replicas>,
+) -> Result<(Replicas, bool)> {
+    match std::mem::replace(launch, Launch::Undecided) {
+        Launch::Graphed(g) => match load(&g.inputs, &wholes, "an input") {
+            Ok(()) => {
+                let out = shared(g.forward.replay()?);
+                *launch = Launch::Graphed(g);
+                Ok((out, true))
+            }
+            Err(why) => {
+                // The graphs go once the stream is done with them.
+                device.synchronize()?;
+                drop(g);
+                *launch = Launch::OpByOp(why);
+                Ok((run(&wholes)?, false))
+            }
+        },
+        Launch::Capture => {
+            // Buffers of the forward graph's own (a copy: the producer's output is rewritten).
+            let inputs = (wholes.iter())
+                .map(|w| w.contiguous()?.copy())
+                .collect::<Result<Vec<_>>>()?;
+            match capture(device, &|| run(&inputs), &differ_forward, REPLAY_BOUND)? {
+                Capture::Graphed(forward) => {
+                    let out = shared(forward.last());
+                    *launch = Launch::Graphed(Box::new(ModuleGraphs {
+                        forward,
+                        backward: Backward::Pending,
+                        inputs,
+                        out_grad: None,
+                    }));
+                    Ok((out, true))
+                }
+                Capture::Refused { why, warm } => {
+                    *launch = Launch::OpByOp(why);
+                    Ok((warm, false))
+                }
+            }
+        }
+        other => {
+            *launch = other;
+            Ok((run(&wholes)?, false))
+        }
+    }
+}
+
+/// A module's backward pass on this rank: from its replicas' tapes and ∂loss/∂output of the
+/// whole batch (`None` for the loss module) to its gradients.
+pub(super) type BackwardPass<'a> = dyn Fn(&[ReplicaTape], Option<&Tensor>) -> Result<Grads> + 'a;
+
+/// The backward pass `run` (from the replicas' tapes and ∂loss/∂output) of a module whose
+/// forward pass was replayed from its graph: captured at the first call, replayed after, or op
+/// by op over the graph's tapes where it cannot be graphed.
+pub(super) fn backward(
+    launch: &mut Launch,
+    device: &Device,
+    out_grad: Option<Tensor>,
+    run: &BackwardPass<'_>,
+) -> Result<Grads> {
+    let Launch::Graphed(g) = launch else {
+        candle_core::bail!("a forward pass replayed from a graph that is gone")
+    };
+    let tapes = &g.forward.last().tapes;
+    match &g.backward {
+        Backward::Graphed(c) => {
+            if let (Some(buffer), Some(grad)) = (&g.out_grad, &out_grad) {
+                load(
+                    std::slice::from_ref(buffer),
+                    std::slice::from_ref(grad),
+                    "∂loss/∂output",
+                )
+                .map_err(candle_core::Error::Msg)?;
+            }
+            Ok(c.replay()?.clone())
+        }
+        Backward::OpByOp(_) => run(tapes, out_grad.as_ref()),
+        Backward::Pending => {
+            let buffer = out_grad.map(|t| t.contiguous()?.copy()).transpose()?;
+            let pass = || run(tapes, buffer.as_ref());
+            match capture(device, &pass, &differ_backward, REPLAY_BOUND)? {
+                Capture::Graphed(c) => {
+                    let out = c.last().clone();
+                    g.backward = Backward::Graphed(c);
+                    g.out_grad = buffer;
+                    Ok(out)
+                }
+                Capture::Refused { why, warm } => {
+                    g.backward = Backward::OpByOp(why);
+                    Ok(warm)
+                }
+            }
+        }
+    }
+}
+
+/// The result a trainer step hands on: the graph's output and loss (shared, rewritten by the
+/// next replay), without the tapes.
+fn shared(r: &Replicas) -> Replicas {
+    Replicas {
+        tapes: Vec::new(),
+        output: r.output.clone(),
+        loss: r.loss.clone(),
+    }
+}
+
+/// Copies each of `values` into its buffer, on the buffer's stream; an error (what changed)
+/// where one does not match its buffer's shape and type.
+fn load(buffers: &[Tensor], values: &[Tensor], what: &str) -> std::result::Result<(), String> {
+    for (buffer, value) in buffers.iter().zip(values) {
+        if buffer.shape() != value.shape() || buffer.dtype() != value.dtype() {
+            return Err(format!(
+                "{what} changed from {:?} {:?} to {:?} {:?} between steps, which a CUDA graph \
+                 cannot follow",
+                buffer.dims(),
+                buffer.dtype(),
+                value.dims(),
+                value.dtype()
+            ));
+        }
+        (value.contiguous())
+            .and_then(|v| buffer.slice_set(&v, 0, 0))
+            .map_err(|e| format!("{what} could not be copied into its graph's buffer: {e}"))?;
+    }
+    Ok(())
+}
+
+/// How far a replayed forward pass is from the pass launched op by op: its output or loss.
+fn differ_forward(replayed: &Replicas, warm: &Replicas) -> Result<f32> {
+    let of = |r: &Replicas| r.output.clone().or_else(|| r.loss.clone());
+    differ(&[of(replayed)], &[of(warm)])
+}
+
+/// How far a replayed backward pass is from the pass launched op by op: every gradient.
+fn differ_backward(replayed: &Grads, warm: &Grads) -> Result<f32> {
+    let all = |g: &Grads| -> Vec<Option<Tensor>> {
+        let params = g.params.iter().flatten().cloned().map(Some);
+        params.chain(g.inputs.iter().cloned()).collect()
+    };
+    differ(&all(replayed), &all(warm))
+}
+
+/// The largest [`relative_error`] of paired tensors (infinite where one is missing).
+fn differ(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> Result<f32> {
+    if a.len() != b.len() {
+        return Ok(f32::INFINITY);
+    }
+    let mut worst = 0f32;
+    for (x, y) in a.iter().zip(b) {
+        let e = match (x, y) {
+            (Some(x), Some(y)) => relative_error(&to_f32s(x)?, &to_f32s(y)?),
+            (None, None) => 0.0,
+            _ => f32::INFINITY,
+        };
+        // NaN stays (a replay that made one is refused).
+        worst = if e.is_nan() { e } else { worst.max(e) };
+    }
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_module_is_graphed_when_its_host_is_at_least_half_of_its_step() {
+        let mut busy = Launch::Undecided;
+        busy.decide(0.5, 1.0);
+        assert!(matches!(busy, Launch::Capture));
+        let mut idle = Launch::Undecided;
+        idle.decide(0.1, 1.0);
+        assert!(
+            matches!(&idle, Launch::OpByOp(why) if why.contains("10 %")),
+            "{}",
+            idle.describe()
+        );
+        // Decided once: a later step changes nothing.
+        idle.decide(1.0, 1.0);
+        assert!(!idle.replays());
+    }
+
+    #[test]
+    fn differences_are_relative_per_tensor_and_missing_ones_are_infinite() {
+        let t = |v: &[f32]| Some(Tensor::new(v, &Device::Cpu).unwrap());
+        let a = [t(&[1.0, 2.0]), t(&[100.0, 0.0])];
+        let b = [t(&[1.0, 2.1]), t(&[100.0, 0.0])];
+        let d = differ(&a, &b).unwrap();
+        assert!((d - 0.1 / 2.1).abs() < 1e-6, "{d}");
+        assert_eq!(differ(&[t(&[1.0])], &[None]).unwrap(), f32::INFINITY);
+        assert!(differ(&[t(&[f32::NAN])], &[t(&[1.0])]).unwrap().is_nan());
+    }
+
+    #[test]
+    fn an_input_that_changes_shape_is_refused_with_what_changed() {
+        let buffer = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let same = Tensor::ones((2, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
+        load(std::slice::from_ref(&buffer), &[same], "an input").unwrap();
+        assert_eq!(buffer.sum_all().unwrap().to_scalar::<f32>().unwrap(), 6.0);
+        let wider = Tensor::ones((2, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let e = load(&[buffer], &[wider], "an input").unwrap_err();
+        assert!(e.contains("[2, 3]") && e.contains("[2, 4]"), "{e}");
+    }
+}
