@@ -55,7 +55,7 @@ mod on_device {
     use candle_core::backend::BackendDevice;
     use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{bail, CudaDevice, Device, Result};
+    use candle_core::{bail, CudaDevice, Device, Error, Result};
 
     use super::{Capture, Captured};
 
@@ -86,7 +86,9 @@ mod on_device {
 
     /// `run`, a pass that launches its work on `device`'s stream, warmed up, captured and
     /// replayed twice; the replay's result is set against the warm-up's by `differ` (a
-    /// relative difference) and kept within `bound`. Fails only where the warm-up itself fails.
+    /// relative difference) and kept within `bound`. Fails only where the warm-up itself fails:
+    /// a capture that fails, or panics (candle and cudarc panic on some CUDA failures), is a
+    /// refusal, so training goes on op by op.
     pub(crate) fn capture<T>(
         device: &Device,
         run: &dyn Fn() -> Result<T>,
@@ -102,7 +104,7 @@ mod on_device {
         };
         let _cached = cuda.enable_cuda_graph_htod_cache();
         let warm = run()?;
-        let graphed = (|| {
+        let attempt = || {
             let captured = record(cuda, run)?;
             for _ in 0..2 {
                 captured.replay()?;
@@ -116,13 +118,26 @@ mod on_device {
                 )
             }
             Ok(captured)
-        })();
+        };
+        let graphed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt))
+            .unwrap_or_else(|panic| {
+                let what = (panic.downcast_ref::<String>().cloned())
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(Error::Msg(format!("it panicked: {what}")))
+            });
         Ok(match graphed {
             Ok(c) => Capture::Graphed(c),
-            Err(e) => Capture::Refused {
-                why: format!("not captured as a CUDA graph: {e}"),
-                warm,
-            },
+            Err(e) => {
+                // An error a failed capture left behind for cudarc's next call, reported here
+                // rather than by the op-by-op pass after it.
+                let left = cuda.cuda_stream().context().check_err().err();
+                let left = left.map_or(String::new(), |e| format!(" (and then: {e})"));
+                Capture::Refused {
+                    why: format!("not captured as a CUDA graph: {e}{left}"),
+                    warm,
+                }
+            }
         })
     }
 
