@@ -302,7 +302,11 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
                 let at = format!("{name}@{:.2}", m["sm"].as_f64().unwrap());
                 assert!(r["plan"].as_str().unwrap().contains(&at), "{at} in {r}");
                 assert!(m["slot_ms"].as_f64().unwrap() > 0.0, "{stage}");
+                // Measured in its slot with no neighbour too.
+                assert!(m["isolated_ms"].as_f64().unwrap() > 0.0, "{stage}");
             }
+            // On the CPU nothing is replayed from a CUDA graph.
+            assert_eq!(r["graphed"]["mosaic"], serde_json::json!([]), "{r}");
         }
     }
     // Planned from the modules measured alone here first: the prediction is about this CPU,

@@ -7,7 +7,9 @@
 //! reading the loss back), the speed-up and the planner's prediction error for the plan it ran,
 //! then, for each stage of the plan whose modules share the device, that stage against its
 //! modules one after another and each module's slowdown in its slot beside its share of the
-//! SMs: where co-location pays and why. Every model and zoo plan is checked before any step;
+//! SMs, split in two by the same module in its slot with no neighbour (the plan's stages run
+//! one module at a time, each on its quota): what its share of the SMs costs it and what its
+//! neighbours do: where co-location pays and why. Every model and zoo plan is checked before any step;
 //! a (model, batch) that fails to train is reported as such and the others still run.
 //!
 //! The plan comes from the zoo's profile of the model (the calibrated device model of
@@ -98,7 +100,8 @@ struct SharedStage {
 
 /// A module of a [`SharedStage`]: its time in its slot against its time alone. Slowed down
 /// less than `1 / sm`, it left SMs idle alone (what co-location recovers); more, its share
-/// of the SMs starved it (memory traffic, launches) or its neighbours slowed it.
+/// of the SMs starved it (memory traffic, launches) or its neighbours slowed it, which
+/// `isolated_ms` tells apart.
 #[derive(Serialize)]
 struct SharedModule {
     name: String,
@@ -106,11 +109,16 @@ struct SharedModule {
     sm: f64,
     /// Forward plus backward pass in its slot, in ms.
     slot_ms: f64,
+    /// Forward plus backward pass in a slot of its quota with no module beside it, in ms:
+    /// `slot_ms / isolated_ms` is what its neighbours cost it, `isolated_ms / alone_ms` what
+    /// its share of the SMs does.
+    isolated_ms: f64,
     /// Forward plus backward pass alone on the whole device, in ms.
     alone_ms: f64,
 }
 
 /// Medians over the timed steps of one schedule, in ms.
+#[derive(Clone)]
 struct Timed {
     /// The step.
     step_ms: f64,
@@ -322,9 +330,28 @@ fn medians(reports: &[StepReport]) -> Timed {
     }
 }
 
-/// The stages of `schedule` with more than one module, from their times by it (`by_plan`)
-/// and their modules' times one after another (`alone`).
-fn shared_stages(schedule: &Schedule, by_plan: &Timed, alone: &Timed) -> Vec<SharedStage> {
+/// `schedule` with every stage split into one stage per module, each keeping its quota: every
+/// module in its slot with no neighbour.
+fn isolated(schedule: &Schedule) -> Schedule {
+    let stages = (schedule.stages.iter().flatten())
+        .map(|p| vec![p.clone()])
+        .collect();
+    Schedule {
+        source: format!("{}, one module at a time", schedule.source),
+        stages,
+        ..schedule.clone()
+    }
+}
+
+/// The stages of `schedule` with more than one module, from their times by it (`by_plan`),
+/// their modules' times in their slots one at a time (`isolated`) and one after another on the
+/// whole device (`alone`).
+fn shared_stages(
+    schedule: &Schedule,
+    by_plan: &Timed,
+    isolated: &Timed,
+    alone: &Timed,
+) -> Vec<SharedStage> {
     let of = |t: &Timed, name: &str| t.modules.get(name).copied().unwrap_or(f64::NAN);
     (schedule.stages.iter().zip(&by_plan.stages))
         .filter(|(stage, _)| stage.len() > 1)
@@ -335,6 +362,7 @@ fn shared_stages(schedule: &Schedule, by_plan: &Timed, alone: &Timed) -> Vec<Sha
                     name: p.name.clone(),
                     sm: p.assignment.sm,
                     slot_ms: of(by_plan, &p.name),
+                    isolated_ms: of(isolated, &p.name),
                     alone_ms: of(alone, &p.name),
                 })
                 .collect();
@@ -364,12 +392,18 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
     let model = build()?;
     let sequential = Schedule::sequential(&model, cores);
     let alone = time(model, sequential, batch, args.steps, compute)?;
+    // Only where some stage is shared (else every module already ran with no neighbour).
+    let one_at_a_time = if mosaic.stages.iter().any(|s| s.len() > 1) {
+        time(build()?, isolated(&mosaic), batch, args.steps, compute)?
+    } else {
+        by_plan.clone()
+    };
     Ok(Row {
         model: name.to_string(),
         batch,
         plan: described,
         predicted_ms: plan.iteration_ms,
-        shared: shared_stages(&mosaic, &by_plan, &alone),
+        shared: shared_stages(&mosaic, &by_plan, &one_at_a_time, &alone),
         mosaic: by_plan,
         sequential: alone,
     })
@@ -456,18 +490,21 @@ fn describe_stage(stage: &SharedStage) -> String {
     let modules: Vec<String> = (stage.modules.iter())
         .map(|m| {
             format!(
-                "{} {:.1}/{:.1} ms {:.2} ({:.2})",
+                "{} {:.1}/{:.1} ms {:.2} ({:.2}; neighbours {:.2}, share {:.2})",
                 m.name,
                 m.slot_ms,
                 m.alone_ms,
                 m.slot_ms / m.alone_ms,
-                1.0 / m.sm
+                1.0 / m.sm,
+                m.slot_ms / m.isolated_ms,
+                m.isolated_ms / m.alone_ms
             )
         })
         .collect();
     format!(
         "    a stage of {}: {:.2} ms co-located, {:.2} one after another ({:.2}×); in its slot \
-         / alone, the ratio (1/quota): {}",
+         / alone, the ratio (1/quota; of it, in its slot with neighbours / without, and without \
+         / alone): {}",
         stage.modules.len(),
         stage.colocated_ms,
         stage.one_by_one_ms,
@@ -548,6 +585,35 @@ mod tests {
     }
 
     #[test]
+    fn one_at_a_time_splits_every_stage_and_keeps_each_quota() {
+        let schedule = Schedule {
+            source: "plan".into(),
+            cores: 1,
+            pool: 1,
+            stages: vec![
+                vec![placed(0, "vision", 0.75), placed(1, "text", 0.25)],
+                vec![placed(2, "align", 1.0)],
+            ],
+        };
+        let split = isolated(&schedule);
+        let stages: Vec<Vec<(&str, f64)>> = (split.stages.iter())
+            .map(|s| {
+                s.iter()
+                    .map(|p| (p.name.as_str(), p.assignment.sm))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            stages,
+            [
+                vec![("vision", 0.75)],
+                vec![("text", 0.25)],
+                vec![("align", 1.0)]
+            ]
+        );
+    }
+
+    #[test]
     fn a_shared_stage_is_held_against_its_modules_one_after_another() {
         let schedule = Schedule {
             source: "test".into(),
@@ -573,7 +639,15 @@ mod tests {
                 &[("align", 1.0, 1.0)],
             ],
         )]);
-        let shared = shared_stages(&schedule, &by_plan, &alone);
+        let isolated = medians(&[step(
+            18.0,
+            &[
+                &[("vision", 3.0, 5.0)],
+                &[("text", 3.0, 2.0)],
+                &[("align", 1.0, 1.0)],
+            ],
+        )]);
+        let shared = shared_stages(&schedule, &by_plan, &isolated, &alone);
         assert_eq!(shared.len(), 1, "align alone in its stage is not shared");
         let s = &shared[0];
         assert_eq!((s.colocated_ms, s.one_by_one_ms), (4.0 + 7.0, 7.0 + 5.0));
@@ -583,7 +657,10 @@ mod tests {
         let line = describe_stage(s);
         assert!(
             line.contains("11.00 ms co-located, 12.00 one after another (1.09×)")
-                && line.contains("vision 9.0/7.0 ms 1.29 (1.33), text 10.0/5.0 ms 2.00 (4.00)"),
+                && line.contains(
+                    "vision 9.0/7.0 ms 1.29 (1.33; neighbours 1.12, share 1.14), text 10.0/5.0 \
+                     ms 2.00 (4.00; neighbours 2.00, share 1.00)"
+                ),
             "{line}"
         );
     }
