@@ -1,12 +1,12 @@
 //! What runs a plan: the [`schedule`] a plan becomes, the execution [`slot`]s its modules run
 //! in, the [`trainer`] that iterates stage by stage, the [`collective`]s that carry tensors
 //! between processes, the [`optim`]izer, atomic [`checkpoint`]s, the next batch drawn
-//! while a step trains ([`prefetch`]), and passes replayed from CUDA graphs (`graphed`).
+//! while a step trains ([`prefetch`]), and passes replayed from CUDA graphs ([`graphed`]).
 
 pub mod checkpoint;
 pub mod collective;
 pub mod feed;
-pub(crate) mod graphed;
+pub mod graphed;
 pub mod memory;
 pub(crate) mod on_gpu;
 pub mod optim;

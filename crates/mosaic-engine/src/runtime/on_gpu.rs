@@ -72,6 +72,7 @@ pub(crate) fn place(
         });
     }
     crate::kernels::check_env()?;
+    super::graphed::check_env()?;
     let gpu = GpuDevice::open(ordinal)?;
     super::memory::weights_fit(&model, ordinal)?;
     let n = model.modules.len();

@@ -324,8 +324,14 @@ impl Trainer {
         };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
         let launch = || match config.compute {
-            Compute::Cuda(_) if config.graphs => Launch::Undecided,
-            Compute::Cuda(_) => Launch::OpByOp("CUDA graphs are turned off".into()),
+            Compute::Cuda(_) if !config.graphs => {
+                Launch::OpByOp("CUDA graphs are turned off".into())
+            }
+            Compute::Cuda(_) if !super::graphed::enabled() => Launch::OpByOp(format!(
+                "CUDA graphs are turned off ({}=off)",
+                super::graphed::GRAPHS_VAR
+            )),
+            Compute::Cuda(_) => Launch::Undecided,
             Compute::Cpu => Launch::OpByOp("on the CPU".into()),
         };
         let launches = (model.modules.iter())
