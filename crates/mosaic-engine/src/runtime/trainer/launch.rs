@@ -297,6 +297,34 @@ mod tests {
         assert!(!idle.replays());
     }
 
+    /// A module whose capture is refused (here: no GPU) trains its step on the warm-up's
+    /// result and op by op after, exactly as one never meant for graphs.
+    #[test]
+    fn a_refused_capture_trains_as_if_never_tried() {
+        use crate::runtime::trainer::{TrainConfig, Trainer};
+        use crate::Schedule;
+        let build = || {
+            let model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+            let schedule = Schedule::sequential(&model, 1);
+            Trainer::new(model, schedule, TrainConfig::default()).unwrap()
+        };
+        let (mut plain, mut tried) = (build(), build());
+        for launch in &tried.launches {
+            *launch.lock().unwrap() = Launch::Capture;
+        }
+        for _ in 0..3 {
+            let (a, b) = (plain.step().unwrap(), tried.step().unwrap());
+            assert_eq!(a.loss.to_bits(), b.loss.to_bits());
+            assert!(b.stages.iter().flat_map(|s| &s.modules).all(|m| !m.graphed));
+        }
+        for (module, how) in tried.launches() {
+            assert!(
+                how.starts_with("op by op: CUDA graphs need"),
+                "{module}: {how}"
+            );
+        }
+    }
+
     #[test]
     fn differences_are_relative_per_tensor_and_missing_ones_are_infinite() {
         let t = |v: &[f32]| Some(Tensor::new(v, &Device::Cpu).unwrap());
