@@ -17,7 +17,7 @@
 // memory and ran at 14 TFLOP/s, 19× slower than PyTorch's scaled_dot_product_attention.
 //
 // Layout: q, k and v are read where the qkv projection wrote them, bf16 `[batch, tokens, 3,
-// heads, D]`, its bias (f32, bq, bk and bv of `[3, heads, D]`) added as each tile is loaded,
+// heads, D]`, its bias (f32, bq, bk and bv of `[3, heads, D]`) applied by the kernels (below),
 // and o is written where the output projection reads it, `[batch, tokens, heads, D]`, so no
 // copy rearranges them around the kernels (as FlashAttention's own interface takes strided q,
 // k, v) and no pass adds the bias. Every matrix is thus rows of D values, one a token, `ld`
@@ -29,6 +29,15 @@
 // `mosaic_f32_to_bf16_rows`. D (the head dimension) is a multiple of 16 up to 128, one kernel
 // each, so every row of a head starts on a 32-byte boundary of a 32-byte-aligned allocation, as
 // the 16-byte tile loads need.
+//
+// The bias, where it counts. q's is added as q's tiles load. k's changes no probability: it adds
+// scale · q·bk to every score of a query row, which softmax takes out, so the kernels leave it
+// out, and lse is that of the scores without it (the backward pass recomputes the same
+// probabilities from it; dQ = dS·K loses the term (Σ_j dS_ij)·bk, 0 since dS's rows sum to 0).
+// v's adds bv to every output row (the probabilities sum to 1), so the forward pass adds it to o
+// once instead of to every value it loads; the backward pass loads its v tile once a block, with
+// the bias, so that dP = dO·vᵀ matches the row dots Σ dO·O. The forward pass's key and value
+// tiles, which every query tile loads again, are thus plain copies.
 //
 // Compiled to a fatbin by the engine's build script, for the GPU build only.
 
@@ -252,8 +261,8 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * TILE;
         __syncthreads();  // every warp is done with the last tile's keys and values
-        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
-        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
+        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
+        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
         __syncthreads();
 
         float s[TILE / 8][4];
@@ -267,18 +276,31 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
                 mma_pair(s, n, qa[c], b);
             }
 
-        // Online softmax: mask and scale, each row's new maximum over its quad, the
-        // probabilities, and what came before rescaled.
+        // Online softmax: mask (on a tile that reaches past the tokens or, causal, past a query
+        // row of the block) and scale, each row's new maximum over its quad, the probabilities,
+        // and what came before rescaled.
         float mx[2] = {NEG_INF, NEG_INF};
+        const bool edge = k0 + TILE > T || (causal && k0 + TILE - 1 > q0);
+        if (edge) {
 #pragma unroll
-        for (int n = 0; n < TILE / 8; ++n)
+            for (int n = 0; n < TILE / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + n * 8 + 2 * l.t + (e & 1), row = rows[e / 2];
-                const float x = (key >= T || (causal && key > row)) ? NEG_INF : scale * s[n][e];
-                s[n][e] = x;
-                mx[e / 2] = fmaxf(mx[e / 2], x);
-            }
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + n * 8 + 2 * l.t + (e & 1), row = rows[e / 2];
+                    const float x = (key >= T || (causal && key > row)) ? NEG_INF : scale * s[n][e];
+                    s[n][e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < TILE / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = scale * s[n][e];
+                    s[n][e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+        }
         float use[2], alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -322,9 +344,11 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
         if (rows[h] >= T) continue;
         const float inv = 1.f / total;
         bf16 *out = o + start.o + (size_t)rows[h] * ld_o + 2 * l.t;
+        const float *b = bv + start.bias + 2 * l.t;  // v's bias, once (see the top)
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
-            *reinterpret_cast<unsigned *>(out + n * 8) = pack(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+            *reinterpret_cast<unsigned *>(out + n * 8) =
+                pack(acc[n][2 * h] * inv + b[n * 8], acc[n][2 * h + 1] * inv + b[n * 8 + 1]);
         if (l.t == 0) lse[start.row + (size_t)rows[h] * heads] = m[h] + __logf(total);
     }
 }
@@ -366,7 +390,8 @@ __device__ __forceinline__ void flash_backward(const bf16 *__restrict__ q, const
     const int keys[2] = {k0 + warp * 16 + l.g, k0 + warp * 16 + l.g + 8};
     const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
 
-    load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T, bk + start.bias);
+    // k without its bias, as the forward pass's lse was made (see the top).
+    load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
     load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T, bv + start.bias);
     float dK[D / 8][4], dV[D / 8][4];
     zero(dK);

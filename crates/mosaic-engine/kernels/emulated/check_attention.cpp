@@ -68,7 +68,18 @@ Errors run(int B, int H, int T, int D, bool causal, unsigned seed) {
             double sum = 0;
             for (int j = 0; j < T; ++j) sum += (p[i * T + j] = (causal && j > i) ? 0 : std::exp(p[i * T + j] - mx));
             for (int j = 0; j < T; ++j) p[i * T + j] /= sum;
-            lse_ref[size_t(b) * T + i] = mx + std::log(sum);
+            // The kernels' lse is of the scores without k's bias (attention.cu, top), which
+            // shifts a row's scores by scale · q·bk and so changes none of its probabilities.
+            double raw_mx = -1e300, raw_sum = 0;
+            std::vector<double> raw(T, -1e300);
+            for (int j = 0; j <= (causal ? i : T - 1); ++j) {
+                double s = 0;
+                for (int d = 0; d < D; ++d) s += f(q[base + i * D + d]) * f(k_raw[base + j * D + d]);
+                raw[j] = scale * s;
+                raw_mx = std::max(raw_mx, raw[j]);
+            }
+            for (int j = 0; j <= (causal ? i : T - 1); ++j) raw_sum += std::exp(raw[j] - raw_mx);
+            lse_ref[size_t(b) * T + i] = raw_mx + std::log(raw_sum);
             for (int d = 0; d < D; ++d) {
                 double o = 0;
                 for (int j = 0; j < T; ++j) o += p[i * T + j] * f(v[base + j * D + d]);
