@@ -421,12 +421,19 @@ pub(crate) fn weights_fit(model: &Model, ordinal: usize) -> Result<(), EngineErr
     })
 }
 
-/// Hands back to the driver what the default memory pool of `ctx`'s device keeps.
+/// Hands back to the driver what the default memory pool of `ctx`'s device keeps, and what
+/// its CUDA graphs' pool keeps of graph memory no longer allocated (the graphs of an earlier
+/// trainer's launch-bound modules, `super::graphed`).
 #[cfg(all(feature = "cuda", mosaic_gpu))]
 fn trim_pool(ctx: &cudarc::driver::CudaContext) -> Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::result::{device::get_default_mem_pool, mem_pool::trim_to};
+    use cudarc::driver::sys;
+    let device = ctx.cu_device();
     // SAFETY: the device comes from the context, the pool from the device.
-    unsafe { trim_to(get_default_mem_pool(ctx.cu_device())?, 0) }
+    unsafe {
+        trim_to(get_default_mem_pool(device)?, 0)?;
+        sys::cuDeviceGraphMemTrim(device).result()
+    }
 }
 
 /// Waits for `devices` (a failed step returns without waiting for its streams), then hands
