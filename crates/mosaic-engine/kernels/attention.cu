@@ -529,14 +529,22 @@ extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, cons
     if (lane == 0) dd[row] = s;
 }
 
-#define FLASH_KERNELS(D)                                                                             \
+// Each head dimension's kernels; `BWD_BOUNDS` the backward kernel's launch bounds. Held to three
+// blocks an SM at head dimension 64 (and 16 and 32), its 168 registers a thread let three blocks
+// share an SM where two did at 172 (ptxas: a 4-byte spill at 64, none below), for a kernel that
+// ran at 12 % occupancy, latency-bound, on an H200 (2026-11-28; not yet run so bounded). At 48
+// the bound spills 20 bytes, from 80 up far more: those are left to the compiler.
+#define BWD_3_BLOCKS __launch_bounds__(THREADS, 3)
+#define BWD_FREE __launch_bounds__(THREADS)
+
+#define FLASH_KERNELS(D, BWD_BOUNDS)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
         mosaic_flash_forward_##D(const bf16 *q, const bf16 *k, const bf16 *v, const float *bq,       \
                                  const float *bk, const float *bv, int ld_qkv, bf16 *o, int ld_o,    \
                                  float *lse, int T, int heads, int causal, float scale) {            \
         flash_forward<D>(q, k, v, bq, bk, bv, ld_qkv, o, ld_o, lse, T, heads, causal, scale);        \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(THREADS) mosaic_flash_backward_##D(                 \
+    extern "C" __global__ void BWD_BOUNDS mosaic_flash_backward_##D(                                 \
         const bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk,              \
         const float *bv, int ld_qkv, const bf16 *dout, int ld_o, const float *lse, const float *dd, \
         float *dq, bf16 *dk, bf16 *dv, int T, int heads, int causal, float scale) {                 \
@@ -544,11 +552,11 @@ extern "C" __global__ void mosaic_flash_row_dot(const bf16 *__restrict__ o, cons
                           causal, scale);                                                            \
     }
 
-FLASH_KERNELS(16)
-FLASH_KERNELS(32)
-FLASH_KERNELS(48)
-FLASH_KERNELS(64)
-FLASH_KERNELS(80)
-FLASH_KERNELS(96)
-FLASH_KERNELS(112)
-FLASH_KERNELS(128)
+FLASH_KERNELS(16, BWD_3_BLOCKS)
+FLASH_KERNELS(32, BWD_3_BLOCKS)
+FLASH_KERNELS(48, BWD_FREE)
+FLASH_KERNELS(64, BWD_3_BLOCKS)
+FLASH_KERNELS(80, BWD_FREE)
+FLASH_KERNELS(96, BWD_FREE)
+FLASH_KERNELS(112, BWD_FREE)
+FLASH_KERNELS(128, BWD_FREE)
