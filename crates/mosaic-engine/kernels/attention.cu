@@ -82,8 +82,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16 *
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
 }
+
+// 16 bytes from global to shared memory without passing through registers (`cp.async.cg`,
+// cached in L2 only), or 16 zero bytes where `valid` is false (nothing is read then); they land
+// once a `cp_async_wait<n>` that leaves at most n newer groups pending has returned, for this
+// thread (a barrier then shows them to the block).
+__device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// Closes this thread's group of `cp_async16` copies issued since the last.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's newest groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 #else
-#include <mma.h>  // the CPU emulation's mma_16816 and ldmatrix (kernels/emulated/mma.h)
+#include <async_copy.h>  // the CPU emulation's cp.async (kernels/emulated/async_copy.h)
+#include <mma.h>         // and its mma_16816 and ldmatrix (kernels/emulated/mma.h)
 #endif
 
 #define WARPS 4
@@ -208,6 +227,19 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int ld, in
     }
 }
 
+// The same tile as plain copies (no bias), issued with `cp_async16` into one group for the caller
+// to commit and wait for: rows past T become zeros.
+template <int D>
+__device__ __forceinline__ void load_tile_async(bf16 *dst, const bf16 *src, int ld, int row0, int T) {
+    const int per_row = D / 8;
+    for (int i = threadIdx.x; i < TILE * per_row; i += THREADS) {
+        const int r = i / per_row, c = (i % per_row) * 8;
+        const bool in = row0 + r < T;
+        // A row past T reads nothing; its address stays inside the tile's first row.
+        cp_async16(dst + r * (D + PAD) + c, src + (size_t)(in ? row0 + r : row0) * ld + c, in);
+    }
+}
+
 // Where the (sample, head) of block row blockIdx.y starts: token 0 of its head in q, k, v
 // (rows ld_qkv apart) and in o, dO and dq's accumulator (rows ld_o apart), its token 0's
 // index in lse and the row dots, whose tokens lie `heads` apart, and its first column.
@@ -220,13 +252,16 @@ __device__ __forceinline__ Head head_of(int T, int heads, int D, int ld_qkv, int
     return {b * T * ld_qkv + h * D, b * T * ld_o + h * D, b * T * heads + h, h * D};
 }
 
-// Bytes of dynamic shared memory the forward kernel of head dimension D takes: Q, K and V tiles.
-#define FWD_SMEM(D) (3 * TILE * ((D) + PAD) * 2)
+// Bytes of dynamic shared memory the forward kernel of head dimension D takes: a Q tile and two
+// stages of K and V tiles.
+#define FWD_SMEM(D) (5 * TILE * ((D) + PAD) * 2)
 
 // One block: TILE query rows of one (sample, head), warp w owning rows 16w … 16w+15 (lane
 // 4g + t holds rows g and g+8 of them). Q's fragments stay in registers; each key tile's
 // scores S = QKᵀ, probabilities and the output O += PV are accumulators; a row's running
-// maximum is shared by its quad, its running sum summed over the quad once, at the end.
+// maximum is shared by its quad, its running sum summed over the quad once, at the end. Key
+// and value tiles come in two stages: the next tile's copies are in flight (`cp.async`) while
+// the warps work on this one, as FlashAttention-2 overlaps them.
 template <int D>
 __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                               const bf16 *__restrict__ v, const float *__restrict__ bq,
@@ -237,8 +272,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     constexpr int LD = D + PAD;
     DYNAMIC_SMEM(smem);
     bf16 *Qs = reinterpret_cast<bf16 *>(smem);  // [TILE, LD]
-    bf16 *Ks = Qs + TILE * LD;                  // [TILE, LD]
-    bf16 *Vs = Ks + TILE * LD;                  // [TILE, LD]
+    bf16 *KV = Qs + TILE * LD;                  // stage s: K at [2s], V at [2s + 1], [TILE, LD] each
 
     const int q0 = blockIdx.x * TILE;
     const Head start = head_of(T, heads, D, ld_qkv, ld_o);
@@ -246,6 +280,16 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     const Lane l{lane, lane / 4, lane % 4};
     const int rows[2] = {q0 + warp * 16 + l.g, q0 + warp * 16 + l.g + 8};
 
+    int tiles = (T + TILE - 1) / TILE;
+    if (causal) tiles = min(tiles, (int)blockIdx.x + 1);
+    // Key tile j's K and V, into stage j mod 2, as one group of copies.
+    auto issue = [&](int j) {
+        bf16 *Ks = KV + (j % 2) * 2 * TILE * LD;
+        load_tile_async<D>(Ks, k + start.qkv, ld_qkv, j * TILE, T);
+        load_tile_async<D>(Ks + TILE * LD, v + start.qkv, ld_qkv, j * TILE, T);
+        cp_async_commit();
+    };
+    issue(0);
     load_tile<D>(Qs, q + start.qkv, ld_qkv, q0, T, bq + start.bias);
     __syncthreads();
     unsigned qa[D / 16][4];
@@ -255,15 +299,19 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
     float acc[D / 8][4];
     zero(acc);
     float m[2] = {NEG_INF, NEG_INF}, sum[2] = {0.f, 0.f};  // sum: this lane's share of the row
-    int tiles = (T + TILE - 1) / TILE;
-    if (causal) tiles = min(tiles, (int)blockIdx.x + 1);
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * TILE;
-        __syncthreads();  // every warp is done with the last tile's keys and values
-        load_tile<D>(Ks, k + start.qkv, ld_qkv, k0, T);
-        load_tile<D>(Vs, v + start.qkv, ld_qkv, k0, T);
-        __syncthreads();
+        // The next tile into the other stage, which every warp was done with at the end of
+        // the last iteration; then this one's copies, landed.
+        if (j + 1 < tiles) {
+            issue(j + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // every thread's copies of tile j have landed
+        const bf16 *Ks = KV + (j % 2) * 2 * TILE * LD, *Vs = Ks + TILE * LD;
 
         float s[TILE / 8][4];
         zero(s);
@@ -336,6 +384,7 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
                 mma_pair(acc, n, pa, b);
             }
         }
+        __syncthreads();  // every warp is done with stage j mod 2 before tile j + 2 goes there
     }
 
 #pragma unroll

@@ -26,10 +26,10 @@ const HEAD_DIMS: [usize; 8] = [16, 32, 48, 64, 80, 96, 112, 128];
 /// Elements a shared-memory tile's rows are padded by: the kernels' `PAD`.
 const PAD: usize = 8;
 
-/// Dynamic shared memory of the forward kernel for head dimension `d` (its Q, K and V tiles):
-/// `FWD_SMEM`.
+/// Dynamic shared memory of the forward kernel for head dimension `d` (a Q tile and two stages
+/// of K and V tiles): `FWD_SMEM`.
 fn forward_smem(d: usize) -> u32 {
-    (3 * TILE * (d + PAD) * 2) as u32
+    (5 * TILE * (d + PAD) * 2) as u32
 }
 
 /// Dynamic shared memory of the backward kernel for head dimension `d` (K, V, Q and dO tiles,
