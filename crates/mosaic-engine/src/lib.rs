@@ -64,6 +64,7 @@ mod kernels;
 pub mod measure;
 pub mod models;
 pub mod runtime;
+mod switch;
 
 pub use candle_core::Device;
 pub use error::EngineError;

@@ -10,7 +10,7 @@ pub mod elementwise;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute_enum};
@@ -20,6 +20,8 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, Device, Layout, Result, Storage, Tensor};
+
+use crate::switch::EnvSwitch;
 
 /// One `.cu` file compiled by the build script: a fatbin with the machine code for the build's
 /// compute capability and the PTX the driver compiles for a newer one.
@@ -47,40 +49,14 @@ pub const ATTENTION: Image = Image {
     fatbin: include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin")),
 };
 
-/// The environment variable that chooses the engine's ops on a GPU: unset or `fused`, its own
-/// kernels (LayerNorm, GELU's backward, bias, attention, AdamW); `composed`, candle's composed
-/// ops instead. For measuring what the kernels gain (the same binary, A against B) and for
-/// getting past a kernel that fails on some GPU.
-pub const KERNELS_VAR: &str = "MOSAIC_KERNELS";
+/// `MOSAIC_KERNELS`, which chooses the engine's ops on a GPU: unset or `fused`, its own kernels
+/// (LayerNorm, GELU's backward, bias, attention, AdamW); `composed`, candle's composed ops
+/// instead.
+pub static KERNELS: EnvSwitch = EnvSwitch::new("MOSAIC_KERNELS", "fused", "composed");
 
-/// Whether the engine's own kernels run ([`KERNELS_VAR`], read once; a value other than
-/// `fused` or `composed` counts as `fused` here and is refused by [`check_env`]).
+/// Whether the engine's own kernels run ([`KERNELS`]).
 pub fn fused() -> bool {
-    kernels_setting().unwrap_or(true)
-}
-
-/// [`KERNELS_VAR`]'s setting: `Ok(true)` for fused kernels, `Ok(false)` for composed ops, or
-/// the value it does not understand.
-fn kernels_setting() -> std::result::Result<bool, String> {
-    static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
-    SETTING
-        .get_or_init(|| match std::env::var_os(KERNELS_VAR) {
-            None => Ok(true),
-            Some(v) if v == "fused" => Ok(true),
-            Some(v) if v == "composed" => Ok(false),
-            Some(v) => Err(v.to_string_lossy().into_owned()),
-        })
-        .clone()
-}
-
-/// Err, naming [`KERNELS_VAR`] and the values it takes, where it holds another.
-pub fn check_env() -> std::result::Result<(), crate::EngineError> {
-    kernels_setting()
-        .map(|_| ())
-        .map_err(|v| crate::EngineError::BadSetting {
-            setting: KERNELS_VAR.into(),
-            message: format!("expected `fused` (the default) or `composed`, got `{v}`"),
-        })
+    KERNELS.is_on()
 }
 
 /// The CUDA device `t` is on; else an error saying that `what` runs on CUDA devices only.

@@ -100,7 +100,7 @@ pub(super) fn on_gpu<T>(
     f: impl FnOnce(&Device) -> std::result::Result<T, EngineError>,
 ) -> std::result::Result<T, EngineError> {
     use crate::runtime::slot::cuda::{Binding, GpuDevice};
-    crate::kernels::check_env()?;
+    crate::kernels::KERNELS.check()?;
     let gpu = GpuDevice::open(ordinal)?;
     let slot = gpu.create_slot("block", 1.0)?;
     // SAFETY: the device and every tensor on it are dropped inside `f`, before the slot, on

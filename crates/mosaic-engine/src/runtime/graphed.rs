@@ -15,48 +15,13 @@
 //! stay where it was at capture: parameters (updated in place), and inputs the caller copies
 //! into fixed buffers before each replay.
 
-use std::sync::OnceLock;
-
 use candle_core::Result;
 
-/// The environment variable that turns the trainer's CUDA graphs off: unset or `on`, launch-bound
-/// modules replay graphs; `off`, every module launches op by op. For measuring what the graphs
-/// gain (the same binary, A against B) and for getting past a GPU where they fail.
-pub const GRAPHS_VAR: &str = "MOSAIC_GRAPHS";
+use crate::switch::EnvSwitch;
 
-/// Whether [`GRAPHS_VAR`] lets the trainer replay graphs (read once; a value other than `on`
-/// or `off` counts as `on` here and is refused by [`check_env`]).
-pub fn enabled() -> bool {
-    graphs_setting().unwrap_or(true)
-}
-
-/// [`GRAPHS_VAR`]'s setting, or the value it does not understand.
-fn graphs_setting() -> std::result::Result<bool, String> {
-    static SETTING: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
-    SETTING
-        .get_or_init(|| parse_setting(std::env::var_os(GRAPHS_VAR).as_deref()))
-        .clone()
-}
-
-/// A [`GRAPHS_VAR`] value (`None`: unset) as whether graphs are on, or the value not understood.
-fn parse_setting(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    match v {
-        None => Ok(true),
-        Some(v) if v == "on" => Ok(true),
-        Some(v) if v == "off" => Ok(false),
-        Some(v) => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
-/// Err, naming [`GRAPHS_VAR`] and the values it takes, where it holds another.
-pub fn check_env() -> std::result::Result<(), crate::EngineError> {
-    graphs_setting()
-        .map(|_| ())
-        .map_err(|v| crate::EngineError::BadSetting {
-            setting: GRAPHS_VAR.into(),
-            message: format!("expected `on` (the default) or `off`, got `{v}`"),
-        })
-}
+/// `MOSAIC_GRAPHS`: unset or `on`, launch-bound modules replay CUDA graphs; `off`, every module
+/// launches op by op.
+pub static GRAPHS: EnvSwitch = EnvSwitch::new("MOSAIC_GRAPHS", "on", "off");
 
 /// A pass captured as a CUDA graph, with what its capture returned: tensors every
 /// [`Captured::replay`] rewrites in place.
@@ -269,15 +234,6 @@ impl<T> Captured<T> {
 mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
-
-    #[test]
-    fn the_setting_is_on_off_or_refused() {
-        use std::ffi::OsStr;
-        assert_eq!(parse_setting(None), Ok(true));
-        assert_eq!(parse_setting(Some(OsStr::new("on"))), Ok(true));
-        assert_eq!(parse_setting(Some(OsStr::new("off"))), Ok(false));
-        assert_eq!(parse_setting(Some(OsStr::new("0"))), Err("0".to_string()));
-    }
 
     #[test]
     fn off_a_gpu_the_pass_runs_op_by_op_and_says_why() {

@@ -71,8 +71,8 @@ pub(crate) fn place(
                 .into(),
         });
     }
-    crate::kernels::check_env()?;
-    super::graphed::check_env()?;
+    crate::kernels::KERNELS.check()?;
+    super::graphed::GRAPHS.check()?;
     let gpu = GpuDevice::open(ordinal)?;
     super::memory::weights_fit(&model, ordinal)?;
     let n = model.modules.len();

@@ -327,9 +327,10 @@ impl Trainer {
             Compute::Cuda(_) if !config.graphs => {
                 Launch::OpByOp("CUDA graphs are turned off".into())
             }
-            Compute::Cuda(_) if !super::graphed::enabled() => Launch::OpByOp(format!(
-                "CUDA graphs are turned off ({}=off)",
-                super::graphed::GRAPHS_VAR
+            Compute::Cuda(_) if !super::graphed::GRAPHS.is_on() => Launch::OpByOp(format!(
+                "CUDA graphs are turned off ({}={})",
+                super::graphed::GRAPHS.var,
+                super::graphed::GRAPHS.off
             )),
             Compute::Cuda(_) => Launch::Undecided,
             Compute::Cpu => Launch::OpByOp("on the CPU".into()),

@@ -584,9 +584,9 @@ mod tests {
         assert_eq!(t.modules["b"], 2.0);
     }
 
-    #[test]
-    fn one_at_a_time_splits_every_stage_and_keeps_each_quota() {
-        let schedule = Schedule {
+    /// vision at 0.75 beside text at 0.25, then align on the whole device.
+    fn two_encoders_then_align() -> Schedule {
+        Schedule {
             source: "plan".into(),
             cores: 1,
             pool: 1,
@@ -594,8 +594,12 @@ mod tests {
                 vec![placed(0, "vision", 0.75), placed(1, "text", 0.25)],
                 vec![placed(2, "align", 1.0)],
             ],
-        };
-        let split = isolated(&schedule);
+        }
+    }
+
+    #[test]
+    fn one_at_a_time_splits_every_stage_and_keeps_each_quota() {
+        let split = isolated(&two_encoders_then_align());
         let stages: Vec<Vec<(&str, f64)>> = (split.stages.iter())
             .map(|s| {
                 s.iter()
@@ -615,15 +619,7 @@ mod tests {
 
     #[test]
     fn a_shared_stage_is_held_against_its_modules_one_after_another() {
-        let schedule = Schedule {
-            source: "test".into(),
-            cores: 1,
-            pool: 1,
-            stages: vec![
-                vec![placed(0, "vision", 0.75), placed(1, "text", 0.25)],
-                vec![placed(2, "align", 1.0)],
-            ],
-        };
+        let schedule = two_encoders_then_align();
         let by_plan = medians(&[step(
             12.0,
             &[
