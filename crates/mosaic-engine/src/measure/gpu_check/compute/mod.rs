@@ -35,7 +35,10 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         let name = format!("candle ops ({})", binding.name());
         out.push(outcome(&name, || ops(device, binding)));
     }
-    out.push(outcome("SM confinement", || confinement(device)));
+    out.push(outcome("SM confinement", || confinement(device, false)));
+    out.push(outcome("SM confinement (CUDA graph)", || {
+        confinement(device, true)
+    }));
     out.push(outcome("co-location", || colocation(device)));
     // The bf16 ops around a block's products, each against its composed form, before the
     // models that run them: a failure there names its op.
