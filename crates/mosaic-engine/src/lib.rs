@@ -77,4 +77,4 @@ pub use runtime::collective::{Collective, InProcess};
 pub use runtime::optim::{AdamW, AdamWConfig};
 pub use runtime::schedule::{sequential_plan, Placement, Schedule};
 pub use runtime::slot::{Slot, SlotMode, SlotPool};
-pub use runtime::trainer::{Compute, ParamGrad, StepReport, TrainConfig, Trainer};
+pub use runtime::trainer::{Compute, ModuleLaunch, ParamGrad, StepReport, TrainConfig, Trainer};

@@ -173,8 +173,9 @@ fn on_the_cpu_every_module_launches_op_by_op() {
     }
     let launches = t.launches();
     assert_eq!(launches.len(), 3);
-    for (module, how) in launches {
-        assert_eq!(how, "op by op: on the CPU", "{module}");
+    for l in launches {
+        assert!(!l.graphed, "{}", l.module);
+        assert_eq!(l.how, "op by op: on the CPU", "{}", l.module);
     }
 }
 

@@ -545,15 +545,15 @@ fn conclude(args: &RunArgs, trainer: &Trainer, resumed_from: Option<u64>, s: &St
     };
     if v.json {
         let launches: serde_json::Map<String, serde_json::Value> = (launches.into_iter())
-            .map(|(m, how)| (m.to_string(), how.into()))
+            .map(|l| (l.module.to_string(), l.how.into()))
             .collect();
         let done = json!({"event": "done", "step": last.step, "loss": last.loss,
                           "ms_per_step": ms_per_step, "launches": launches});
         println!("{done}");
         return;
     }
-    for (m, how) in launches {
-        eprintln!("{m}: {how}");
+    for l in launches {
+        eprintln!("{}: {}", l.module, l.how);
     }
     println!(
         "{}: steps {}–{}, loss {:.4} → {:.4} (mean of the last {}: {:.4}), {:.1} ms/step{}",

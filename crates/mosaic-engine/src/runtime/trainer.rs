@@ -156,6 +156,17 @@ pub struct StepReport {
     pub stages: Vec<StageReport>,
 }
 
+/// How one module's passes are launched (see [`Trainer::launches`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModuleLaunch {
+    /// The module.
+    pub module: &'static str,
+    /// Whether its forward pass is replayed from a CUDA graph.
+    pub graphed: bool,
+    /// How, in words: op by op (and why) or which passes replay graphs.
+    pub how: String,
+}
+
 /// The gradient of one parameter tensor, summed over replicas.
 #[derive(Debug, Clone)]
 pub struct ParamGrad {
@@ -416,10 +427,17 @@ impl Trainer {
     /// How each module's passes are launched, in words, by module: op by op (and why) or
     /// replayed from CUDA graphs (on a GPU, for modules whose host time rivals their GPU
     /// time, from the second step on).
-    pub fn launches(&self) -> Vec<(&'static str, String)> {
+    pub fn launches(&self) -> Vec<ModuleLaunch> {
         (self.model.modules.iter())
             .zip(&self.launches)
-            .map(|(m, l)| (m.name, l.lock().expect("launch lock").describe()))
+            .map(|(m, l)| {
+                let launch = l.lock().expect("launch lock");
+                ModuleLaunch {
+                    module: m.name,
+                    graphed: launch.graphed(),
+                    how: launch.describe(),
+                }
+            })
             .collect()
     }
 

@@ -289,8 +289,8 @@ fn time(
         .map(|m| m.to_string())
         .collect();
     let graphed = (trainer.launches().into_iter())
-        .filter(|(_, how)| how.contains("replayed"))
-        .map(|(m, _)| m.to_string())
+        .filter(|l| l.graphed)
+        .map(|l| l.module.to_string())
         .collect();
     Ok(Timed {
         recomputing,

@@ -69,6 +69,11 @@ impl Launch {
         };
     }
 
+    /// Whether the module's forward pass is replayed from a graph.
+    pub(super) fn graphed(&self) -> bool {
+        matches!(self, Launch::Graphed(_))
+    }
+
     /// What it is, in words.
     pub(super) fn describe(&self) -> String {
         match self {
@@ -317,10 +322,13 @@ mod tests {
             assert_eq!(a.loss.to_bits(), b.loss.to_bits());
             assert!(b.stages.iter().flat_map(|s| &s.modules).all(|m| !m.graphed));
         }
-        for (module, how) in tried.launches() {
+        for l in tried.launches() {
+            assert!(!l.graphed, "{}", l.module);
             assert!(
-                how.starts_with("op by op: CUDA graphs need"),
-                "{module}: {how}"
+                l.how.starts_with("op by op: CUDA graphs need"),
+                "{}: {}",
+                l.module,
+                l.how
             );
         }
     }

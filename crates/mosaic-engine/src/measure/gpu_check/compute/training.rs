@@ -117,12 +117,18 @@ pub(super) fn train(
     }
     let launches = gpu.launches();
     let graphed: Vec<&str> = (launches.iter())
-        .filter(|(_, how)| how.contains("replayed"))
-        .map(|(m, _)| *m)
+        .filter(|l| l.graphed)
+        .map(|l| l.module)
         .collect();
     let not_graphed: Vec<String> = (launches.iter())
-        .filter(|(_, how)| !how.contains("replayed"))
-        .map(|(m, how)| format!("{m}: {}", how.chars().take(160).collect::<String>()))
+        .filter(|l| !l.graphed)
+        .map(|l| {
+            format!(
+                "{}: {}",
+                l.module,
+                l.how.chars().take(160).collect::<String>()
+            )
+        })
         .collect();
     // How much of each module's time the host spent issuing its work (launch-bound near 1).
     let launch: Vec<String> = (timed.stages.iter().flat_map(|s| &s.modules))
