@@ -329,26 +329,16 @@ __device__ __forceinline__ void flash_forward(const bf16 *__restrict__ q, const 
         // and what came before rescaled.
         float mx[2] = {NEG_INF, NEG_INF};
         const bool edge = k0 + TILE > T || (causal && k0 + TILE - 1 > q0);
-        if (edge) {
 #pragma unroll
-            for (int n = 0; n < TILE / 8; ++n)
+        for (int n = 0; n < TILE / 8; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = k0 + n * 8 + 2 * l.t + (e & 1), row = rows[e / 2];
-                    const float x = (key >= T || (causal && key > row)) ? NEG_INF : scale * s[n][e];
-                    s[n][e] = x;
-                    mx[e / 2] = fmaxf(mx[e / 2], x);
-                }
-        } else {
-#pragma unroll
-            for (int n = 0; n < TILE / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float x = scale * s[n][e];
-                    s[n][e] = x;
-                    mx[e / 2] = fmaxf(mx[e / 2], x);
-                }
-        }
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + n * 8 + 2 * l.t + (e & 1), row = rows[e / 2];
+                const bool masked = edge && (key >= T || (causal && key > row));
+                const float x = masked ? NEG_INF : scale * s[n][e];
+                s[n][e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
         float use[2], alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
