@@ -452,9 +452,10 @@ impl Trainer {
         let start = Instant::now();
         let it = self.iterate(true)?;
         self.step += 1;
-        for t in it.stages.iter().flat_map(|s| &s.modules) {
-            if let Some(m) = self.model.index_of(&t.name) {
-                let launch = self.launches[m].get_mut().expect("launch lock");
+        // Each stage's report lists its modules in the schedule's order.
+        for (stage, report) in self.schedule.stages.iter().zip(&it.stages) {
+            for (p, t) in stage.iter().zip(&report.modules) {
+                let launch = self.launches[p.module()].get_mut().expect("launch lock");
                 launch.decide(
                     t.forward_host_ms + t.backward_host_ms,
                     t.forward_ms + t.backward_ms,
