@@ -53,7 +53,9 @@ impl GpuInfo {
              sample is one data-parallel replica's iteration on batch/dp samples in a green \
              context of round(sm x {}) SMs, launched from one host thread: forward, backward, \
              in-process gradient all-reduce of dp replicas, AdamW step, each phase ended by a \
-             stream synchronisation; median of {} after {} warm-up. mem_gib: parameters, \
+             stream synchronisation; median of {} after {} warm-up. Where the host spent at least \
+             {:.0} % of the forward and backward passes issuing them, both were timed replayed \
+             from CUDA graphs, as the trainer runs such a module. mem_gib: parameters, \
              gradients, AdamW moments and the activations on the autograd tape, counted from \
              the tensors. sm_util and bw_util: NVML's kernel-busy and memory-controller busy \
              fractions over at least {} ms of the point's iterations. A point that did not fit \
@@ -70,6 +72,7 @@ impl GpuInfo {
             self.sms,
             c.reps,
             c.warmup.max(1),
+            100.0 * crate::runtime::graphed::LAUNCH_BOUND,
             BUSY_WINDOW.as_millis(),
         )
     }

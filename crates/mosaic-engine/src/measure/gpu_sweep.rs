@@ -14,6 +14,12 @@
 //!   over the timed iterations, run on back to back until [`BUSY_WINDOW`] has passed
 //!   (`super::nvml`).
 //! - **mem_gib**: counted from the replica's tensors, as on the CPU ([`super::Memory`]).
+//! - **Launches**: as the trainer launches the module. Where the host spent at least
+//!   [`LAUNCH_BOUND`](crate::runtime::graphed::LAUNCH_BOUND) of the op-by-op passes' time
+//!   issuing them, the forward and backward passes are captured as CUDA graphs and the timed
+//!   iterations (and NVML's) replay them; the all-reduce and AdamW stay op by op, as in the
+//!   trainer. [`super::Point::launched`] says which, and why a launch-bound point was not
+//!   graphed.
 
 #[cfg(all(feature = "cuda", mosaic_gpu))]
 use super::gpu_info::{gpu_sm_grid, GpuInfo};
@@ -124,12 +130,13 @@ mod on_device {
     use super::super::gpu_info::BUSY_WINDOW;
     use super::super::nvml::{now_us, Nvml};
     use super::super::profiler::Profiler;
-    use super::super::sweep::{Point, Run};
+    use super::super::sweep::{Launched, Point, Run};
     use crate::error::EngineError;
 
     /// Module `m` at data-parallel degree `dp` on the profiler's slot of `sms` SMs (`quota`
-    /// of the device): warm-up, the timed iterations, more until NVML has sampled
-    /// [`BUSY_WINDOW`] of them. A point that runs out of memory is measured again with the
+    /// of the device): warm-up, the timed iterations op by op, the same replayed from CUDA
+    /// graphs where those were launch-bound, more until NVML has sampled [`BUSY_WINDOW`] of
+    /// them. A point that runs out of memory is measured again with the
     /// module recomputing its activations, as the trainer would run it
     /// ([`crate::models::recompute`]), once `release` has handed the failed run's memory back.
     pub(super) fn point(
@@ -144,16 +151,24 @@ mod on_device {
         let measure = || -> Result<Point, EngineError> {
             let run = Run::new(profiler, m, dp)?;
             let memory = run.warm_up()?;
+            let reps = profiler.config().reps;
+            // Op by op first, which says whether the trainer would replay graphs here.
+            let op_by_op = run.timed(reps)?;
+            let launch = run.launch(&op_by_op)?;
             let since = now_us();
             let start = Instant::now();
-            let runs = run.timed(profiler.config().reps)?;
+            let runs = match launch.launched {
+                Launched::Graphed => run.timed_as(&launch, reps)?,
+                _ => op_by_op,
+            };
             while start.elapsed() < BUSY_WINDOW {
-                run.once()?;
+                run.once_as(&launch)?;
             }
             let busy = nvml.busy_since(since)?;
             let mut point = run.point(quota, sms as usize, memory, runs);
             point.sm_util = busy.kernels;
             point.bw_util = busy.memory;
+            point.launched = launch.launched.clone();
             Ok(point)
         };
         let net = &profiler.model().modules[m].net;

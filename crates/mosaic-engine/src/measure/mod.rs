@@ -72,4 +72,4 @@ pub use slots::{
     bench_gpu_slots, bench_slots, matmul_in_slots, GpuSlotBench, MatmulInSlot, ModeFigures,
     SlotBench,
 };
-pub use sweep::{EngineProfile, ModuleInfo, Point};
+pub use sweep::{EngineProfile, Launched, ModuleInfo, Point};

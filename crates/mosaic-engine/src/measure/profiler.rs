@@ -48,6 +48,7 @@ use crate::error::EngineError;
 use crate::models::model::{Input, Model, Output, Shard};
 use crate::models::nn::Params;
 use crate::models::{self, Batch, Recipe};
+use crate::runtime::graphed::{capture, differ, Capture, Captured, REPLAY_BOUND};
 use crate::runtime::memory::check_sweep_memory;
 use crate::runtime::optim::{AdamW, AdamWConfig};
 
@@ -102,6 +103,9 @@ pub struct Timing {
     pub allreduce_ms: f64,
     /// AdamW step.
     pub optimizer_ms: f64,
+    /// Of the forward and backward passes, the host's time until each had issued its last op
+    /// (on the CPU, which runs an op as it issues it, all of it); not a phase of its own.
+    pub host_ms: f64,
 }
 
 impl Timing {
@@ -118,6 +122,22 @@ struct Prepared {
     inputs: Vec<Tensor>,
     /// A stand-in for ∂loss/∂output over the whole batch (activation modules).
     out_grad: Option<Tensor>,
+}
+
+/// A replica's forward pass: its output and the variables wrapping its module inputs.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+type ForwardPass = (Tensor, Vec<Option<Var>>);
+
+/// A replica's backward pass: its parameters' gradients and its module inputs'.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+type BackwardPass = (Vec<Tensor>, Vec<Option<Tensor>>);
+
+/// A replica's passes captured as CUDA graphs ([`Profiler::capture`]).
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+pub(super) struct GraphedPasses {
+    // Dropped first: it reads the forward graph's tape.
+    backward: Captured<BackwardPass>,
+    forward: Captured<ForwardPass>,
 }
 
 /// Measures an engine model's modules on this machine.
@@ -234,6 +254,7 @@ impl Profiler {
         let t = Instant::now();
         let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
         let out = module.net.forward(&xs, shard)?;
+        let forward_host_ms = ms(t);
         // A GPU runs the launched kernels later: each phase ends when its stream has drained.
         self.devices[m].synchronize()?;
         let forward_ms = ms(t);
@@ -244,9 +265,63 @@ impl Profiler {
         let (params, inputs) =
             module.replica_backward(&out, prep.out_grad.as_ref(), &shard.rows, &vars)?;
         std::hint::black_box(&inputs);
+        let backward_host_ms = ms(t);
         self.devices[m].synchronize()?;
         let backward_ms = ms(t);
 
+        let (allreduce_ms, optimizer_ms) = self.update(m, params, others)?;
+        Ok((
+            Timing {
+                forward_ms,
+                backward_ms,
+                allreduce_ms,
+                optimizer_ms,
+                host_ms: forward_host_ms + backward_host_ms,
+            },
+            memory,
+        ))
+    }
+
+    /// [`Profiler::iterate`] with the forward and backward passes replayed from `graphs`.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+    pub(super) fn iterate_graphed(
+        &self,
+        m: usize,
+        graphs: &GraphedPasses,
+        others: &[Vec<Tensor>],
+    ) -> candle_core::Result<Timing> {
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        graphs.forward.replay()?;
+        let forward_host_ms = ms(t);
+        self.devices[m].synchronize()?;
+        let forward_ms = ms(t);
+
+        let t = Instant::now();
+        let (params, _) = graphs.backward.replay()?.clone();
+        let backward_host_ms = ms(t);
+        self.devices[m].synchronize()?;
+        let backward_ms = ms(t);
+
+        let (allreduce_ms, optimizer_ms) = self.update(m, params, others)?;
+        Ok(Timing {
+            forward_ms,
+            backward_ms,
+            allreduce_ms,
+            optimizer_ms,
+            host_ms: forward_host_ms + backward_host_ms,
+        })
+    }
+
+    /// An iteration's last two phases, timed in ms: the all-reduce of this replica's gradients
+    /// `params` with the `others` (0 without others), then module `m`'s AdamW step.
+    fn update(
+        &self,
+        m: usize,
+        params: Vec<Tensor>,
+        others: &[Vec<Tensor>],
+    ) -> candle_core::Result<(f64, f64)> {
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
         let params = all_reduce(params, others)?;
         self.devices[m].synchronize()?;
@@ -256,18 +331,50 @@ impl Profiler {
         self.optimizers[m]
             .lock()
             .expect("optimizer lock")
-            .step(&module.params, &params)?;
+            .step(&self.model.modules[m].params, &params)?;
         self.devices[m].synchronize()?;
-        let optimizer_ms = ms(t);
-        Ok((
-            Timing {
-                forward_ms,
-                backward_ms,
-                allreduce_ms,
-                optimizer_ms,
+        Ok((allreduce_ms, ms(t)))
+    }
+
+    /// Module `m`'s forward pass on `shard` and its backward pass captured as CUDA graphs, as
+    /// the trainer replays a launch-bound module's ([`crate::runtime::graphed`]); why not,
+    /// where either cannot be captured or its replay differs from the pass launched op by op.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+    pub(super) fn capture(
+        &self,
+        m: usize,
+        shard: &Shard,
+    ) -> candle_core::Result<Result<GraphedPasses, String>> {
+        let module = &self.model.modules[m];
+        let prep = &self.prepared[m];
+        let device = &self.devices[m];
+        // The inputs are the profiler's own, where every replay reads them.
+        let forward = || -> candle_core::Result<ForwardPass> {
+            let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
+            Ok((module.net.forward(&xs, shard)?, vars))
+        };
+        let differ_forward =
+            |a: &ForwardPass, b: &ForwardPass| differ(&[Some(a.0.clone())], &[Some(b.0.clone())]);
+        let forward = match capture(device, &forward, &differ_forward, REPLAY_BOUND)? {
+            Capture::Graphed(f) => f,
+            Capture::Refused { why, .. } => return Ok(Err(format!("the forward pass: {why}"))),
+        };
+        let (out, vars) = forward.last();
+        let backward = || module.replica_backward(out, prep.out_grad.as_ref(), &shard.rows, vars);
+        let differ_backward = |a: &BackwardPass, b: &BackwardPass| {
+            let all = |g: &BackwardPass| -> Vec<Option<Tensor>> {
+                (g.0.iter().cloned().map(Some))
+                    .chain(g.1.iter().cloned())
+                    .collect()
+            };
+            differ(&all(a), &all(b))
+        };
+        Ok(
+            match capture(device, &backward, &differ_backward, REPLAY_BOUND)? {
+                Capture::Graphed(backward) => Ok(GraphedPasses { backward, forward }),
+                Capture::Refused { why, .. } => Err(format!("the backward pass: {why}")),
             },
-            memory,
-        ))
+        )
     }
 
     /// What a replica of module `m` holds once its forward pass produced `out` from `xs`

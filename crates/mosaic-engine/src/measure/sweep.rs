@@ -16,9 +16,10 @@ use serde::Serialize;
 use super::bytes::{bytes_moved, Memory};
 use super::gpu_info::GpuInfo;
 use super::machine::{busy_share, Machine};
-use super::profiler::{stand_in_grads, ProfileConfig, Profiler, Timing};
+use super::profiler::{stand_in_grads, GraphedPasses, ProfileConfig, Profiler, Timing};
 use crate::error::EngineError;
 use crate::models::model::{shards, Shard};
+use crate::runtime::graphed::{launch_bound, GRAPHS};
 use crate::runtime::slot::{threads_for, Slot};
 
 /// One grid point of one module.
@@ -57,6 +58,30 @@ pub struct Point {
     /// Whether the module recomputed its activations because the point did not fit the GPU
     /// otherwise ([`super::sweep_gpu`]).
     pub recomputed: bool,
+    /// How the timed iterations' forward and backward passes were launched.
+    pub launched: Launched,
+}
+
+/// How a grid point's forward and backward passes were launched: as the trainer would launch
+/// the module at that point ([`crate::runtime::graphed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Launched {
+    /// Op by op: on the CPU, a GPU-bound point, or graphs turned off.
+    OpByOp,
+    /// Replayed from CUDA graphs: the point was launch-bound.
+    Graphed,
+    /// Op by op although launch-bound, and why (the passes could not be captured, or their
+    /// replay differed).
+    Refused(String),
+}
+
+/// How a grid point's iterations run: op by op, or replaying its passes' CUDA graphs.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+pub(super) struct Launch {
+    graphs: Option<GraphedPasses>,
+    /// What the point says of it.
+    pub(super) launched: Launched,
 }
 
 /// A module as the profile file lists it.
@@ -240,6 +265,59 @@ impl<'a> Run<'a> {
         (0..reps).map(|_| self.once()).collect()
     }
 
+    /// How the trainer would launch the module here, from `runs` launched op by op: its passes
+    /// captured as CUDA graphs where the median run is launch-bound
+    /// ([`crate::runtime::graphed::launch_bound`]) and graphs are on (`MOSAIC_GRAPHS`), else op
+    /// by op.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+    pub(super) fn launch(&self, runs: &[Timing]) -> Result<Launch, EngineError> {
+        let mid = median_run(runs);
+        let op_by_op = Launch {
+            graphs: None,
+            launched: Launched::OpByOp,
+        };
+        if !GRAPHS.is_on() || !launch_bound(mid.host_ms, mid.forward_ms + mid.backward_ms) {
+            return Ok(op_by_op);
+        }
+        Ok(
+            match self
+                .profiler
+                .capture(self.m, &self.shard)
+                .map_err(self.error())?
+            {
+                Ok(graphs) => Launch {
+                    graphs: Some(graphs),
+                    launched: Launched::Graphed,
+                },
+                Err(why) => Launch {
+                    launched: Launched::Refused(why),
+                    ..op_by_op
+                },
+            },
+        )
+    }
+
+    /// One untimed iteration launched as `launch` says.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+    pub(super) fn once_as(&self, launch: &Launch) -> Result<Timing, EngineError> {
+        match &launch.graphs {
+            Some(g) => (self.profiler)
+                .iterate_graphed(self.m, g, &self.others)
+                .map_err(self.error()),
+            None => self.once(),
+        }
+    }
+
+    /// `reps` timed iterations launched as `launch` says.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
+    pub(super) fn timed_as(
+        &self,
+        launch: &Launch,
+        reps: usize,
+    ) -> Result<Vec<Timing>, EngineError> {
+        (0..reps).map(|_| self.once_as(launch)).collect()
+    }
+
     /// The grid point of `runs` in a slot of `quota` and `cores`, its utilisations left at 0
     /// for the caller to measure.
     pub(super) fn point(
@@ -247,11 +325,13 @@ impl<'a> Run<'a> {
         quota: f64,
         cores: usize,
         memory: Memory,
-        mut runs: Vec<Timing>,
+        runs: Vec<Timing>,
     ) -> Point {
-        runs.sort_by(|a, b| a.total_ms().total_cmp(&b.total_ms()));
-        let parts = runs[runs.len() / 2];
+        let parts = median_run(&runs);
         let time_ms = parts.total_ms();
+        let total = |t: &Timing| t.total_ms();
+        let min_ms = runs.iter().map(total).fold(f64::INFINITY, f64::min);
+        let max_ms = runs.iter().map(total).fold(0.0, f64::max);
         let bytes = bytes_moved(&memory, self.dp);
         Point {
             module: self.profiler.model.modules[self.m].name.to_string(),
@@ -260,8 +340,8 @@ impl<'a> Run<'a> {
             cores,
             rows: self.shard.rows.len(),
             time_ms,
-            min_ms: runs[0].total_ms(),
-            max_ms: runs[runs.len() - 1].total_ms(),
+            min_ms,
+            max_ms,
             parts,
             memory,
             bytes_moved: bytes,
@@ -269,8 +349,16 @@ impl<'a> Run<'a> {
             bw_util: 0.0,
             sm_util: 0.0,
             recomputed: false,
+            launched: Launched::OpByOp,
         }
     }
+}
+
+/// The median of `runs` by iteration time (the upper middle one for an even count).
+fn median_run(runs: &[Timing]) -> Timing {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.total_ms().total_cmp(&b.total_ms()));
+    sorted[sorted.len() / 2]
 }
 
 #[cfg(test)]
@@ -296,6 +384,12 @@ mod tests {
             assert!(pt.min_ms <= pt.time_ms && pt.time_ms <= pt.max_ms, "{pt:?}");
             assert!((pt.parts.total_ms() - pt.time_ms).abs() < 1e-9);
             assert_eq!(pt.parts.allreduce_ms == 0.0, pt.dp == 1, "{pt:?}");
+            let passes = pt.parts.forward_ms + pt.parts.backward_ms;
+            assert!(
+                0.0 < pt.parts.host_ms && pt.parts.host_ms <= passes,
+                "{pt:?}"
+            );
+            assert_eq!(pt.launched, Launched::OpByOp);
             assert!((0.0..=1.0).contains(&pt.sm_util) && (0.0..=1.0).contains(&pt.bw_util));
             assert_eq!(pt.cores, threads_for(pt.sm, 2));
             assert_eq!(pt.rows, 8 / pt.dp);
@@ -330,5 +424,32 @@ mod tests {
             assert_eq!(pair[0].memory, pair[1].memory);
         }
         assert!(profile.source().contains("clip-tiny"));
+    }
+
+    /// Off a GPU every pass is host time, so a point is launch-bound; its capture is refused
+    /// and it stays op by op, saying why. A GPU-bound point never tries.
+    #[test]
+    fn a_launch_bound_point_that_cannot_be_graphed_stays_op_by_op_and_says_why() {
+        let p = Profiler::new("clip-tiny", quick(4, 1), machine(2)).unwrap();
+        let run = Run::new(&p, 0, 1).unwrap();
+        run.warm_up().unwrap();
+        let runs = run.timed(3).unwrap();
+        let launch = run.launch(&runs).unwrap();
+        match &launch.launched {
+            Launched::Refused(why) => assert!(
+                why.starts_with("the forward pass: CUDA graphs need"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let again = run.timed_as(&launch, 2).unwrap();
+        assert!(again.iter().all(|t| t.total_ms() > 0.0 && t.host_ms > 0.0));
+        let gpu_bound: Vec<Timing> = (runs.iter())
+            .map(|t| Timing {
+                host_ms: 0.4 * (t.forward_ms + t.backward_ms),
+                ..*t
+            })
+            .collect();
+        assert_eq!(run.launch(&gpu_bound).unwrap().launched, Launched::OpByOp);
     }
 }

@@ -15,13 +15,63 @@
 //! stay where it was at capture: parameters (updated in place), and inputs the caller copies
 //! into fixed buffers before each replay.
 
-use candle_core::Result;
+use candle_core::{Result, Tensor};
+use mosaic_kit::stats::relative_error;
 
+use crate::models::nn::to_f32s;
 use crate::switch::EnvSwitch;
 
 /// `MOSAIC_GRAPHS`: unset or `on`, launch-bound modules replay CUDA graphs; `off`, every module
 /// launches op by op.
 pub static GRAPHS: EnvSwitch = EnvSwitch::new("MOSAIC_GRAPHS", "on", "off");
+
+/// The share of a module's forward and backward passes the host spends issuing their work at
+/// or above which they are replayed from CUDA graphs (by the trainer, and by the GPU profile
+/// sweep, which measures what the trainer runs). At half, the GPU idles for launches at least
+/// as long as the launches the host issues ahead of it; the H200 put ImageBind imu's block at
+/// batch 2 at 52 % and real-size blocks at batch 16 at 1–2 % (`mosaic bench block`, README
+/// "Measured on an H200 (2026-11-28)").
+pub(crate) const LAUNCH_BOUND: f64 = 0.5;
+
+/// Whether passes that took `ms`, of which the host spent `host_ms` issuing them, are
+/// launch-bound ([`LAUNCH_BOUND`]).
+pub(crate) fn launch_bound(host_ms: f64, ms: f64) -> bool {
+    host_ms / ms.max(1e-9) >= LAUNCH_BOUND
+}
+
+/// Why passes that are not [`launch_bound`] stay op by op, in words.
+pub(crate) fn gpu_bound(host_ms: f64, ms: f64) -> String {
+    format!(
+        "GPU-bound: the host issued its work in {:.0} % of its time (graphs from {:.0} %)",
+        100.0 * host_ms / ms.max(1e-9),
+        100.0 * LAUNCH_BOUND
+    )
+}
+
+/// Largest difference, relative to a tensor's largest magnitude, between a replayed pass and
+/// the same pass launched op by op. Both run the same kernels on the same values, except that
+/// the fused attention's backward pass adds dQ with atomics in no fixed order (`check gpu`:
+/// real-size CLIP's losses 6e-4 apart over six steps); a replay that reads or writes the wrong
+/// memory is off by the order of the values themselves.
+pub(crate) const REPLAY_BOUND: f32 = 2e-2;
+
+/// The largest [`relative_error`] of paired tensors (infinite where one is missing).
+pub(crate) fn differ(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> Result<f32> {
+    if a.len() != b.len() {
+        return Ok(f32::INFINITY);
+    }
+    let mut worst = 0f32;
+    for (x, y) in a.iter().zip(b) {
+        let e = match (x, y) {
+            (Some(x), Some(y)) => relative_error(&to_f32s(x)?, &to_f32s(y)?),
+            (None, None) => 0.0,
+            _ => f32::INFINITY,
+        };
+        // NaN stays (a replay that made one is refused).
+        worst = if e.is_nan() { e } else { worst.max(e) };
+    }
+    Ok(worst)
+}
 
 /// A pass captured as a CUDA graph, with what its capture returned: tensors every
 /// [`Captured::replay`] rewrites in place.
@@ -233,7 +283,29 @@ impl<T> Captured<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
+    use candle_core::Device;
+
+    #[test]
+    fn passes_are_graphed_when_the_host_takes_at_least_half_of_them() {
+        assert!(launch_bound(0.5, 1.0) && launch_bound(2.0, 1.0));
+        assert!(!launch_bound(0.49, 1.0));
+        assert!(
+            gpu_bound(0.1, 1.0).contains("10 %"),
+            "{}",
+            gpu_bound(0.1, 1.0)
+        );
+    }
+
+    #[test]
+    fn differences_are_relative_per_tensor_and_missing_ones_are_infinite() {
+        let t = |v: &[f32]| Some(Tensor::new(v, &Device::Cpu).unwrap());
+        let a = [t(&[1.0, 2.0]), t(&[100.0, 0.0])];
+        let b = [t(&[1.0, 2.1]), t(&[100.0, 0.0])];
+        let d = differ(&a, &b).unwrap();
+        assert!((d - 0.1 / 2.1).abs() < 1e-6, "{d}");
+        assert_eq!(differ(&[t(&[1.0])], &[None]).unwrap(), f32::INFINITY);
+        assert!(differ(&[t(&[f32::NAN])], &[t(&[1.0])]).unwrap().is_nan());
+    }
 
     #[test]
     fn off_a_gpu_the_pass_runs_op_by_op_and_says_why() {

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
 use mosaic_engine::measure::{
-    dp_grid, measure_machine, profile_file, sweep_gpu, EngineProfile, Machine, Point, UNDISTURBED,
+    dp_grid, measure_machine, profile_file, sweep_gpu, EngineProfile, Launched, Machine, Point,
+    UNDISTURBED,
 };
 
 use super::{Sweep, WARMUP};
@@ -160,7 +161,7 @@ fn point_line(p: &Point, unit: &str) -> String {
     format!(
         "{} dp {} quota {:.2} ({} {unit}{}, {} sample{}): {:.3} ms (forward {:.3}, backward \
          {:.3}, all-reduce {:.3}, AdamW {:.3}), {:.3} MiB, ~{:.2} GB/s (bw_util {:.4}), \
-         sm_util {:.2}{}",
+         sm_util {:.2}{}{}",
         p.module,
         p.dp,
         p.sm,
@@ -181,6 +182,11 @@ fn point_line(p: &Point, unit: &str) -> String {
             ", recomputing activations (it did not fit otherwise)"
         } else {
             ""
+        },
+        match &p.launched {
+            Launched::OpByOp => String::new(),
+            Launched::Graphed => ", replayed from CUDA graphs (launch-bound)".into(),
+            Launched::Refused(why) => format!(", op by op although launch-bound: {why}"),
         }
     )
 }

@@ -2,10 +2,10 @@
 //! ([`crate::runtime::graphed`]).
 //!
 //! Every module runs its first step op by op. A module whose host then spent at least
-//! [`LAUNCH_BOUND`] of its time issuing work kept its GPU waiting for launches: its next
-//! step captures its forward pass as one graph and its backward pass (without the
-//! optimizer step and the all-reduce, which stay outside) as another, and later steps replay
-//! them. Capturing follows PyTorch's `make_graphed_callables`: the forward graph reads its
+//! [`LAUNCH_BOUND`](crate::runtime::graphed::LAUNCH_BOUND) of its passes' time issuing work
+//! kept its GPU waiting for launches: its next step captures its forward pass as one graph
+//! and its backward pass (without the optimizer step and the all-reduce, which stay outside)
+//! as another, and later steps replay them. Capturing follows PyTorch's `make_graphed_callables`: the forward graph reads its
 //! inputs from buffers of its own, into which each step copies the whole batch's inputs; its
 //! replicas' tapes (candle's autograd graph, whose tensors are the graph's memory) are kept
 //! for the backward graph, which reads ∂loss/∂output from a buffer of its own and writes the
@@ -15,23 +15,9 @@
 use candle_core::{Device, Result, Tensor};
 
 use super::{Grads, ReplicaTape, Replicas};
-use crate::models::nn::to_f32s;
-use crate::runtime::graphed::{capture, Capture, Captured};
-use mosaic_kit::stats::relative_error;
-
-/// The share of a module's step (forward, backward and optimizer) the host spends issuing its
-/// work at or above which the module's passes are replayed from CUDA graphs. At half, the
-/// GPU idles for launches at least as long as the launches the host issues ahead of it; the
-/// H200 put ImageBind imu's block at batch 2 at 52 % and real-size blocks at batch 16 at 1–2 %
-/// (`mosaic bench block`, README "Measured on an H200 (2026-11-28)").
-pub(crate) const LAUNCH_BOUND: f64 = 0.5;
-
-/// Largest difference, relative to a tensor's largest magnitude, between a replayed pass and
-/// the same pass launched op by op. Both run the same kernels on the same values, except that
-/// the fused attention's backward pass adds dQ with atomics in no fixed order (`check gpu`:
-/// real-size CLIP's losses 6e-4 apart over six steps); a replay that reads or writes the wrong
-/// memory is off by the order of the values themselves.
-const REPLAY_BOUND: f32 = 2e-2;
+use crate::runtime::graphed::{
+    capture, differ, gpu_bound, launch_bound, Capture, Captured, REPLAY_BOUND,
+};
 
 /// How one module's passes are launched.
 pub(crate) enum Launch {
@@ -57,15 +43,10 @@ impl Launch {
         if !matches!(self, Launch::Undecided) {
             return;
         }
-        let share = host_ms / ms.max(1e-9);
-        *self = if share >= LAUNCH_BOUND {
+        *self = if launch_bound(host_ms, ms) {
             Launch::Capture
         } else {
-            Launch::OpByOp(format!(
-                "GPU-bound: the host issued its work in {:.0} % of its step (graphs from {:.0} %)",
-                100.0 * share,
-                100.0 * LAUNCH_BOUND
-            ))
+            Launch::OpByOp(gpu_bound(host_ms, ms))
         };
     }
 
@@ -263,24 +244,6 @@ fn differ_backward(replayed: &Grads, warm: &Grads) -> Result<f32> {
     differ(&all(replayed), &all(warm))
 }
 
-/// The largest [`relative_error`] of paired tensors (infinite where one is missing).
-fn differ(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> Result<f32> {
-    if a.len() != b.len() {
-        return Ok(f32::INFINITY);
-    }
-    let mut worst = 0f32;
-    for (x, y) in a.iter().zip(b) {
-        let e = match (x, y) {
-            (Some(x), Some(y)) => relative_error(&to_f32s(x)?, &to_f32s(y)?),
-            (None, None) => 0.0,
-            _ => f32::INFINITY,
-        };
-        // NaN stays (a replay that made one is refused).
-        worst = if e.is_nan() { e } else { worst.max(e) };
-    }
-    Ok(worst)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,17 +294,6 @@ mod tests {
                 l.how
             );
         }
-    }
-
-    #[test]
-    fn differences_are_relative_per_tensor_and_missing_ones_are_infinite() {
-        let t = |v: &[f32]| Some(Tensor::new(v, &Device::Cpu).unwrap());
-        let a = [t(&[1.0, 2.0]), t(&[100.0, 0.0])];
-        let b = [t(&[1.0, 2.1]), t(&[100.0, 0.0])];
-        let d = differ(&a, &b).unwrap();
-        assert!((d - 0.1 / 2.1).abs() < 1e-6, "{d}");
-        assert_eq!(differ(&[t(&[1.0])], &[None]).unwrap(), f32::INFINITY);
-        assert!(differ(&[t(&[f32::NAN])], &[t(&[1.0])]).unwrap().is_nan());
     }
 
     #[test]
