@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use super::machine::{busy_share, MAX_ATTEMPTS, UNDISTURBED};
 use super::profiler::{Profiler, Timing};
-use super::sweep::Run;
+use super::sweep::{Launch, Run};
 use crate::error::EngineError;
 use crate::runtime::slot::{run_in_slots, threads_for, Job, Slot};
 
@@ -135,7 +135,7 @@ impl Profiler {
         let mut out = Vec::with_capacity(config.samples);
         for s in 0..config.samples {
             let mut rng = SplitMix64::stream(config.seed, "profile/colocations", s as u64);
-            let picks = draw(&mut rng, n, &self.dps(), k_max, &quotas);
+            let picks = draw(&mut rng, n, &self.dps(), k_max, &quotas, 1);
             // Measured again while another process took the slots' cores, keeping the
             // least disturbed attempt.
             let mut sample = self.measure_colocation(&picks)?;
@@ -233,8 +233,9 @@ impl Profiler {
             .enumerate()
             .map(|(j, (&(m, dp, _), slot))| {
                 let job: Job<'_, Ends> = Box::new(move || {
-                    let result = Run::new(self, m, dp)
-                        .and_then(|run| busy_share(|| run.until_all_done(j, target, race)));
+                    let result = Run::new(self, m, dp).and_then(|run| {
+                        busy_share(|| run.until_all_done(j, target, race, &Launch::op_by_op()))
+                    });
                     // A failed module must not leave the others iterating forever.
                     race.abandon();
                     result
@@ -293,17 +294,19 @@ impl Race {
 }
 
 impl Run<'_> {
-    /// Iterates as module `j` of `race` until every module has done `target` iterations: the
-    /// end (ns since the race began) and length (ms) of each iteration.
+    /// Iterates as module `j` of `race`, launched as `launch` says, until every module has
+    /// done `target` iterations: the end (ns since the race began) and length (ms) of each
+    /// iteration.
     pub(super) fn until_all_done(
         &self,
         j: usize,
         target: usize,
         race: &Race,
+        launch: &Launch,
     ) -> Result<Vec<(u64, f64)>, EngineError> {
         let mut its = Vec::new();
         while !race.stop.load(SeqCst) {
-            let t = self.once()?;
+            let t = self.once_as(launch)?;
             let end = race.base.elapsed().as_nanos() as u64;
             its.push((end, t.total_ms()));
             race.done[j].fetch_add(1, SeqCst);
@@ -317,22 +320,26 @@ impl Run<'_> {
 }
 
 /// One random colocation of a model of `n` modules: 2 to `k_max` distinct modules in model
-/// order, whose quotas (a positive number of `quotas`' steps each, `quotas[s − 1]` being `s`
+/// order, whose quotas (at least `least` of `quotas`' steps each, `quotas[s − 1]` being `s`
 /// steps) add up to at most `quotas.len()` steps, each with a data-parallel degree of `dps`.
+/// `k_max · least` must be at most `quotas.len()`.
 pub(super) fn draw(
     rng: &mut SplitMix64,
     n: usize,
     dps: &[usize],
     k_max: usize,
     quotas: &[f64],
+    least: usize,
 ) -> Vec<Pick> {
     let k = 2 + rng.below((k_max - 1) as u64) as usize;
     let mut modules: Vec<usize> = (0..n).collect();
     rng.shuffle(&mut modules);
     modules.truncate(k);
     modules.sort_unstable();
-    // k positive parts of a total of k..=steps quota steps: k − 1 distinct cuts.
-    let total = k + rng.below((quotas.len() - k + 1) as u64) as usize;
+    // k positive parts of a total of k..=spare steps (k − 1 distinct cuts), each then raised
+    // by least − 1 steps.
+    let spare = quotas.len() - k * (least - 1);
+    let total = k + rng.below((spare - k + 1) as u64) as usize;
     let mut cuts: Vec<usize> = (1..total).collect();
     rng.shuffle(&mut cuts);
     cuts.truncate(k - 1);
@@ -343,7 +350,7 @@ pub(super) fn draw(
         .iter()
         .enumerate()
         .map(|(j, &m)| {
-            let steps = cuts[j + 1] - cuts[j];
+            let steps = cuts[j + 1] - cuts[j] + least - 1;
             let dp = dps[rng.below(dps.len() as u64) as usize];
             (m, dp, quotas[steps - 1])
         })
@@ -385,5 +392,31 @@ mod tests {
             e.to_string().starts_with("mosaic measure colocations: "),
             "{e}"
         );
+    }
+
+    proptest::proptest! {
+        /// Every draw: 2 to k_max distinct modules in model order, each at least `least` steps,
+        /// all within the machine, each dp from the grid.
+        #[test]
+        fn draws_fit_the_machine(
+            seed in 0u64..1000,
+            n in 2usize..10,
+            steps in 2usize..17,
+            least in 1usize..4,
+        ) {
+            let k_max = MAX_COLOCATED.min(n).min(steps / least);
+            proptest::prop_assume!(k_max >= 2);
+            let quotas: Vec<f64> = (1..=steps).map(|s| s as f64 / steps as f64).collect();
+            let dps = [1, 2, 4];
+            let mut rng = SplitMix64::new(seed);
+            let picks = draw(&mut rng, n, &dps, k_max, &quotas, least);
+            proptest::prop_assert!((2..=k_max).contains(&picks.len()));
+            proptest::prop_assert!(picks.windows(2).all(|w| w[0].0 < w[1].0 && w[1].0 < n));
+            let used: f64 = picks.iter().map(|p| p.2).sum();
+            proptest::prop_assert!(used <= 1.0 + 1e-9, "{picks:?}");
+            for &(_, dp, q) in &picks {
+                proptest::prop_assert!(q >= quotas[least - 1] - 1e-12 && dps.contains(&dp));
+            }
+        }
     }
 }

@@ -4,8 +4,9 @@
 //! plan's stage gets them: `GpuDevice::create_stage`), each driven from its own host thread, as
 //! the engine's trainer drives a stage.
 //!
-//! - **Quotas**: whole partitions of the device (8, 16, …, 128 of an H100's 132 SMs), drawn as
-//!   steps of one partition; a colocation takes at most what one split hands out.
+//! - **Quotas**: whole partitions of the device from the profile sweep's smallest (16, 24, …,
+//!   128 of an H100's 132 SMs), drawn as steps of one partition; a colocation takes at most
+//!   what one split hands out.
 //! - **The model** is built afresh for each colocation, the drawn modules on their slots'
 //!   devices and the others on one device over the whole GPU, which only makes the drawn
 //!   modules' inputs (same seed, same values).
@@ -78,6 +79,7 @@ pub fn colocations_gpu(
     use mosaic_kit::rng::SplitMix64;
 
     use super::colocate::{draw, MAX_COLOCATED};
+    use super::gpu_info::gpu_sm_grid;
     use super::profiler::{dp_grid, Profiler};
     use crate::models::{self, Recipe};
     use crate::runtime::slot::cuda::Binding;
@@ -89,12 +91,17 @@ pub fn colocations_gpu(
         .iter()
         .map(|m| m.name)
         .collect();
+    // Whole partitions, together at most what one split hands out, each at least the profile
+    // sweep's smallest, so that `mosaic fit` can hold every module against the profile (it
+    // never extrapolates below the sweep's lowest quota: an H100's 8-SM partition lies under
+    // its 16-SM decile).
     let step = info.partition.step_sms.max(1);
     let capacity = info.partition.largest_within(info.sms).unwrap_or(0);
+    let least = (gpu_sm_grid(info.sms, info.partition)[0].div_ceil(step) as usize).max(1);
     let quotas: Vec<f64> = (1..=capacity / step)
         .map(|k| (k * step) as f64 / info.sms as f64)
         .collect();
-    let k_max = MAX_COLOCATED.min(names.len()).min(quotas.len());
+    let k_max = MAX_COLOCATED.min(names.len()).min(quotas.len() / least);
     if k_max < 2 {
         return Err(EngineError::BadSetting {
             setting: "mosaic measure colocations".into(),
@@ -111,7 +118,7 @@ pub fn colocations_gpu(
     let mut out = Vec::with_capacity(colocations.samples);
     for s in 0..colocations.samples {
         let mut rng = SplitMix64::stream(colocations.seed, "profile/colocations", s as u64);
-        let picks = draw(&mut rng, names.len(), &dps, k_max, &quotas);
+        let picks = draw(&mut rng, names.len(), &dps, k_max, &quotas, least);
         let stage: Vec<(&str, f64)> = picks.iter().map(|&(m, _, q)| (names[m], q)).collect();
         let slots = gpu.create_stage(&stage)?;
         let sample = {
@@ -158,7 +165,7 @@ mod on_device {
     use super::super::colocate::{Ends, MeasuredColocation, Pick, Race};
     use super::super::machine::thread_busy;
     use super::super::profiler::{Profiler, Timing};
-    use super::super::sweep::Run;
+    use super::super::sweep::{Launched, Run};
     use crate::error::EngineError;
 
     /// `picks` (on their slots' devices, of `sms` SMs) alone, one after another, then together,
@@ -169,28 +176,37 @@ mod on_device {
         sms: Vec<usize>,
     ) -> Result<MeasuredColocation, EngineError> {
         let config = profiler.config();
-        let alone = picks
-            .iter()
-            .map(|&(m, dp, _)| {
-                let run = Run::new(profiler, m, dp)?;
-                for _ in 0..config.warmup {
-                    run.once()?;
+        let median_ms = |times: &[Timing]| {
+            let times: Vec<f64> = times.iter().map(Timing::total_ms).collect();
+            median_high(&times).unwrap_or(0.0)
+        };
+        // Each alone, launched as the trainer would launch it there (its CUDA graphs where
+        // launch-bound, as the profile sweep times it); together, the same.
+        let mut runs = Vec::with_capacity(picks.len());
+        let mut alone = Vec::with_capacity(picks.len());
+        for &(m, dp, _) in picks {
+            let run = Run::new(profiler, m, dp)?;
+            for _ in 0..config.warmup {
+                run.once()?;
+            }
+            let (op_by_op, busy) = thread_busy(|| run.timed(config.reps))?;
+            let launch = run.launch(&op_by_op)?;
+            alone.push(match launch.launched {
+                Launched::Graphed => {
+                    let (times, busy) = thread_busy(|| run.timed_as(&launch, config.reps))?;
+                    (median_ms(&times), busy)
                 }
-                let (times, busy) = thread_busy(|| run.timed(config.reps))?;
-                let times: Vec<f64> = times.iter().map(Timing::total_ms).collect();
-                Ok((median_high(&times).unwrap_or(0.0), busy))
-            })
-            .collect::<Result<Vec<_>, EngineError>>()?;
+                _ => (median_ms(&op_by_op), busy),
+            });
+            runs.push((run, launch));
+        }
         let target = config.warmup + config.reps;
         let race = &Race::new(picks.len());
         let together: Vec<Ends> = std::thread::scope(|scope| {
-            let handles: Vec<_> = picks
-                .iter()
-                .enumerate()
-                .map(|(j, &(m, dp, _))| {
+            let handles: Vec<_> = (runs.iter().enumerate())
+                .map(|(j, (run, launch))| {
                     scope.spawn(move || {
-                        let result = Run::new(profiler, m, dp)
-                            .and_then(|run| thread_busy(|| run.until_all_done(j, target, race)));
+                        let result = thread_busy(|| run.until_all_done(j, target, race, launch));
                         race.abandon();
                         result
                     })

@@ -77,11 +77,21 @@ pub enum Launched {
 }
 
 /// How a grid point's iterations run: op by op, or replaying its passes' CUDA graphs.
-#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
 pub(super) struct Launch {
     graphs: Option<GraphedPasses>,
     /// What the point says of it.
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
     pub(super) launched: Launched,
+}
+
+impl Launch {
+    /// Every op launched by the host.
+    pub(super) fn op_by_op() -> Launch {
+        Launch {
+            graphs: None,
+            launched: Launched::OpByOp,
+        }
+    }
 }
 
 /// A module as the profile file lists it.
@@ -272,10 +282,7 @@ impl<'a> Run<'a> {
     #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
     pub(super) fn launch(&self, runs: &[Timing]) -> Result<Launch, EngineError> {
         let mid = median_run(runs);
-        let op_by_op = Launch {
-            graphs: None,
-            launched: Launched::OpByOp,
-        };
+        let op_by_op = Launch::op_by_op();
         if !GRAPHS.is_on() || !launch_bound(mid.host_ms, mid.forward_ms + mid.backward_ms) {
             return Ok(op_by_op);
         }
@@ -298,7 +305,6 @@ impl<'a> Run<'a> {
     }
 
     /// One untimed iteration launched as `launch` says.
-    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweep's
     pub(super) fn once_as(&self, launch: &Launch) -> Result<Timing, EngineError> {
         match &launch.graphs {
             Some(g) => (self.profiler)
