@@ -281,6 +281,10 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
         assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["prediction_error"].is_null(), "{r}");
         assert_eq!(r["plan_from"], "zoo", "{r}");
+        assert!(
+            r["interference"].is_null(),
+            "the zoo's plan fits nothing: {r}"
+        );
         // Each stage of shared modules against the same modules one after another.
         let shared = r["shared_stages"].as_array().expect("shared_stages");
         assert!(
@@ -320,6 +324,17 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
     assert_eq!(r["plan_from"], "measured", "{r}");
     assert!(r["prediction_error"].as_f64().unwrap().is_finite(), "{r}");
     assert!(r["predicted_ms"].as_f64().unwrap() > 0.0, "{r}");
+    // With interference fitted to colocations measured here: two per module where two slots
+    // fit (none on one core), coefficients a profile can hold.
+    let fitted = &r["interference"];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = if cores >= 2 { 6 } else { 0 };
+    assert_eq!(fitted["colocations"], expected, "{r}");
+    assert!(["full", "additive", "unaware"].contains(&fitted["model"].as_str().unwrap()));
+    for e in ["e1", "e2", "e3"] {
+        let v = fitted["interference"][e].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&v), "{e} {r}");
+    }
     refused(&[
         ("bench engine --device cpu --plan-from guess", "--plan-from"),
         ("bench engine --device cpu --size 0", "--size"),

@@ -15,23 +15,26 @@
 //! The plan comes from the zoo's profile of the model (the calibrated device model of
 //! `--cluster`'s device, per-GPU batch as its batch), so its prediction is about the model at
 //! its real size on that device: the error is printed for `--size 1` on a GPU only. With
-//! `--plan-from measured` it comes from a profile measured first, on this device: every module
-//! alone at the batch on every quota (`mosaic measure profile`'s sweep at dp 1), so that the
-//! plan is made from what this engine does here and its error, printed at any size and on
-//! either device, is the planner's own: what co-location costs beyond its interference model.
+//! `--plan-from measured` it comes from what this engine measures here first, Mosaic's pipeline
+//! end to end: every module alone at the batch on every quota (`mosaic measure profile`'s sweep
+//! at dp 1), then random colocations of its modules (`mosaic measure colocations`), to which
+//! Eq. 8's interference coefficients are fitted (`mosaic fit`), so that the plan is made from
+//! what this engine does here, neighbours included, and its error, printed at any size and on
+//! either device, is the planner's own.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use mosaic_engine::measure::{
-    available_cores, measure_machine, profile_file, sweep_gpu, ProfileConfig, Profiler,
+    available_cores, colocation_file, colocations_gpu, gpu_colocation_source, measure_machine,
+    profile_file, sweep_gpu, ColocationConfig, EngineProfile, ProfileConfig, Profiler,
 };
 use mosaic_engine::models::{self, Model, Recipe};
 use mosaic_engine::{Compute, Device, Schedule, StepReport, TrainConfig, Trainer};
 use mosaic_kit::stats::median;
 use mosaic_plan::{solve, Plan, SolveOptions};
-use mosaic_profile::PerfModel;
+use mosaic_profile::{Interference, PerfModel, ProfileFile};
 use serde::Serialize;
 use serde_json::json;
 
@@ -84,7 +87,36 @@ struct Row {
     sequential: Timed,
     /// The plan's stages of more than one module, each against its modules one after another.
     shared: Vec<SharedStage>,
+    /// The interference the plan was made with, where fitted here (`--plan-from measured`).
+    fitted: Option<Fitted>,
 }
+
+/// Eq. 8's coefficients fitted to colocations measured on this device.
+#[derive(Clone, Copy, Serialize)]
+struct Fitted {
+    /// The fitted model: the fullest whose coefficients a profile can hold.
+    model: mosaic_fit::Model,
+    /// Its coefficients.
+    interference: Interference,
+    /// Colocations measured.
+    colocations: usize,
+}
+
+impl Fitted {
+    /// No interference: nothing was co-located.
+    fn none() -> Fitted {
+        Fitted {
+            model: mosaic_fit::Model::Unaware,
+            interference: Interference::default(),
+            colocations: 0,
+        }
+    }
+}
+
+/// Colocations measured per module of the model for `--plan-from measured`: Eq. 8 has three
+/// unknowns, and a colocation of k ≥ 2 modules gives k observations, so two per module give
+/// at least four observations per unknown (12 for CLIP's three modules).
+const COLOCATIONS_PER_MODULE: usize = 2;
 
 /// A stage of the Mosaic plan whose modules share the device, against the same modules one
 /// after another on the whole device: where co-location pays and where it loses.
@@ -174,10 +206,13 @@ pub fn run(args: &Args) -> Result<()> {
     let mut failed = 0;
     for (name, batch, plan) in &rows {
         let plan = match plan {
-            Some(plan) => Ok(plan.clone()),
-            None => plan_measured(name, *batch, args),
+            Some(plan) => Ok((plan.clone(), None)),
+            None => plan_measured(name, *batch, args).map(|(p, f)| (p, Some(f))),
         };
-        let row = plan.and_then(|plan| measure(name, *batch, &plan, args, compute));
+        let row = plan.and_then(|(plan, fitted)| {
+            let row = measure(name, *batch, &plan, args, compute)?;
+            Ok(Row { fitted, ..row })
+        });
         if std::mem::take(&mut header) {
             println!(
                 "{:<10} {:>5}  {:>12} {:>12} {:>12} {:>8} {:>10}  plan",
@@ -197,8 +232,12 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if !args.json {
         let prediction = match (args.plan_from.as_str(), args.device.as_str()) {
-            ("measured", "cpu") => "from the modules measured alone on this CPU".to_string(),
-            ("measured", _) => "from the modules measured alone on this GPU".to_string(),
+            ("measured", "cpu") => {
+                "from the modules measured alone and co-located on this CPU".to_string()
+            }
+            ("measured", _) => {
+                "from the modules measured alone and co-located on this GPU".to_string()
+            }
             _ => format!(
                 "for the real model on one {} of {}",
                 cluster.device.name, cluster.name
@@ -235,10 +274,11 @@ fn plan_for(spec: &mosaic_zoo::ModelSpec, cluster: &mosaic_zoo::ClusterSpec) -> 
         .with_context(|| format!("planning {} on one GPU", spec.name))
 }
 
-/// The Mosaic plan for one GPU of this device on a profile measured here first: every module
-/// of the engine model `name` alone at per-GPU batch `batch` on every quota (dp 1), timed over
-/// `--steps` iterations.
-fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<Plan> {
+/// The Mosaic plan for one GPU of this device from what the engine measures here first:
+/// every module of the engine model `name` alone at per-GPU batch `batch` on every quota (dp
+/// 1), timed over `--steps` iterations, and [`COLOCATIONS_PER_MODULE`] random colocations per
+/// module, to which Eq. 8 is fitted.
+fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<(Plan, Fitted)> {
     let config = ProfileConfig {
         batch,
         max_dp: 1,
@@ -247,20 +287,79 @@ fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<Plan> {
         seed: 0,
         size: args.size,
     };
-    eprintln!("measuring {name}'s modules alone at batch {batch} on every quota…");
-    // The planner reads times only; the host's STREAM bandwidth feeds bw_util, which a plan
-    // without interference coefficients does not use (a short run does).
+    eprintln!(
+        "measuring {name}'s modules alone at batch {batch} on every quota, then \
+         {COLOCATIONS_PER_MODULE} random colocations of them per module…"
+    );
+    let draws = |profile: &EngineProfile| ColocationConfig {
+        samples: COLOCATIONS_PER_MODULE * profile.modules.len(),
+        seed: 0,
+    };
+    // The planner reads times and bandwidth utilisations; on the CPU the host's STREAM
+    // bandwidth scales the latter (a short run does).
     let host = measure_machine(16, 1).map_err(engine)?;
-    let profile = if args.device == "cuda" {
-        sweep_gpu(name, config, host, 0, |_| {}).map_err(engine)?
+    let (profile, draws, colocations) = if args.device == "cuda" {
+        let profile = sweep_gpu(name, config.clone(), host.clone(), 0, |_| {}).map_err(engine)?;
+        let draws = draws(&profile);
+        let (gpu, measured) =
+            colocations_gpu(name, config.clone(), host, 0, &draws, |_, _| {}).map_err(engine)?;
+        let source = gpu_colocation_source(&gpu, name, &config, &draws);
+        (
+            profile,
+            draws,
+            colocation_file(&gpu.name, &measured, source),
+        )
     } else {
         let profiler = Profiler::new(name, config, host).map_err(engine)?;
-        profiler.sweep(|_| {}).map_err(engine)?
+        let profile = profiler.sweep(|_| {}).map_err(engine)?;
+        if profiler.quotas().len() < 2 {
+            // One core: no two modules can share it, so no plan co-locates any.
+            let plan = plan_on(&profile_file(&profile), name)?;
+            return Ok((plan, Fitted::none()));
+        }
+        let draws = draws(&profile);
+        let measured = profiler.colocations(&draws, |_, _| {}).map_err(engine)?;
+        let source = profiler.colocation_source(&draws);
+        let machine = &profiler.machine().name;
+        (profile, draws, colocation_file(machine, &measured, source))
     };
     let file = profile_file(&profile);
-    let perf = PerfModel::new(&file, 0.1, Path::new("(the measured profile)"))
+    let what = "(the measured profile)";
+    let perf = PerfModel::new(&file, mosaic_fit::LOOKUP_GRANULARITY, Path::new(what))?;
+    let obs = mosaic_fit::observations(&perf, &colocations, "(the measured colocations)")
+        .with_context(|| format!("fitting {name}'s interference to its measured colocations"))?;
+    let (model, interference) = fit_holdable(&obs);
+    let plan = plan_on(&mosaic_fit::write_fitted(&file, interference), name)?;
+    let fitted = Fitted {
+        model,
+        interference,
+        colocations: draws.samples,
+    };
+    Ok((plan, fitted))
+}
+
+/// The Mosaic plan for one GPU of the measured profile `file` of model `name`.
+fn plan_on(file: &ProfileFile, name: &str) -> Result<Plan> {
+    let perf = PerfModel::new(file, 0.1, Path::new("(the measured profile)"))
         .with_context(|| format!("planning {name} on its measured profile"))?;
     solve(&perf, 1, &SolveOptions::default()).with_context(|| format!("planning {name} on one GPU"))
+}
+
+/// Eq. 8 fitted to `obs` by the fullest model (full, additive, else none) whose coefficients
+/// a profile can hold: on a CPU the bandwidth utilisations are small enough that the full
+/// model may fit ΠB's coefficient past [`mosaic_fit::MAX_COEFFICIENT`].
+fn fit_holdable(obs: &[mosaic_fit::Observation]) -> (mosaic_fit::Model, Interference) {
+    use mosaic_fit::{fit, Model, MAX_COEFFICIENT};
+    let holdable = |e: &Interference| {
+        [e.e1, e.e2, e.e3]
+            .iter()
+            .all(|v| v.is_finite() && (0.0..=MAX_COEFFICIENT).contains(v))
+    };
+    [Model::Full, Model::Additive]
+        .into_iter()
+        .map(|m| (m, fit(obs, m)))
+        .find(|(_, e)| holdable(e))
+        .unwrap_or((Model::Unaware, Interference::default()))
 }
 
 /// Medians over `steps` timed steps of `schedule`, after two warm-up steps.
@@ -406,6 +505,7 @@ fn measure(name: &str, batch: usize, plan: &Plan, args: &Args, compute: Compute)
         shared: shared_stages(&mosaic, &by_plan, &one_at_a_time, &alone),
         mosaic: by_plan,
         sequential: alone,
+        fitted: None,
     })
 }
 
@@ -425,6 +525,7 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             "graphed": {"mosaic": row.mosaic.graphed, "sequential": row.sequential.graphed},
             "plan_from": args.plan_from,
             "prediction_error": error,
+            "interference": row.fitted,
             "shared_stages": row.shared,
         });
         println!("{}", serde_json::to_string(&line)?);
@@ -445,6 +546,18 @@ fn print_row(row: &Row, args: &Args) -> Result<()> {
             "    whole steps: {:.2} ms by the plan, {:.2} one after another",
             row.mosaic.step_ms, row.sequential.step_ms
         );
+        if let Some(f) = &row.fitted {
+            let e = f.interference;
+            println!(
+                "    planned with interference fitted to {} colocations measured here ({}): e1 \
+                 {:.3}, e2 {:.3}, e3 {:.3}",
+                f.colocations,
+                f.model.name(),
+                e.e1,
+                e.e2,
+                e.e3
+            );
+        }
         for (schedule, timed) in [
             ("the plan", &row.mosaic),
             ("one after another", &row.sequential),
@@ -659,5 +772,52 @@ mod tests {
                 ),
             "{line}"
         );
+    }
+
+    /// A colocation of two modules of bandwidths `a` and `b`, each measured `slowdown` slower.
+    fn pair(sample: usize, a: f64, b: f64, slowdown: f64) -> Vec<mosaic_fit::Observation> {
+        [a, b]
+            .iter()
+            .map(|&bw| mosaic_fit::Observation {
+                sample,
+                module: format!("m{bw}"),
+                modules: 2,
+                dp: 1,
+                sm: 0.5,
+                base_ms: 10.0,
+                bw_util: bw,
+                sample_bw: vec![a, b],
+                measured_ms: 10.0 * (1.0 + slowdown),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn interference_is_fitted_by_the_fullest_model_a_profile_can_hold() {
+        // Slowdowns of 0.2 + 0.3·ΠB: the full model fits them exactly.
+        let obs: Vec<_> = [(0.5, 0.4), (0.2, 0.9), (0.7, 0.7)]
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &(a, b))| pair(k, a, b, 0.2 + 0.3 * a * b))
+            .collect();
+        let (model, e) = fit_holdable(&obs);
+        assert_eq!(model, mosaic_fit::Model::Full);
+        assert!(
+            (e.e1 - 0.2).abs() < 1e-6 && (e.e3 - 0.3).abs() < 1e-6,
+            "{e:?}"
+        );
+        // Slowdowns of 5000·ΠB at tiny bandwidths (a CPU's): the full model's e3 is past what
+        // a profile holds, so a smaller model is fitted instead.
+        let tiny: Vec<_> = [(0.01, 0.02), (0.03, 0.01), (0.02, 0.02)]
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &(a, b))| pair(k, a, b, 5000.0 * a * b))
+            .collect();
+        assert!(mosaic_fit::fit(&tiny, mosaic_fit::Model::Full).e3 > 100.0);
+        let (model, e) = fit_holdable(&tiny);
+        assert_ne!(model, mosaic_fit::Model::Full);
+        for v in [e.e1, e.e2, e.e3] {
+            assert!((0.0..=mosaic_fit::MAX_COEFFICIENT).contains(&v), "{e:?}");
+        }
     }
 }
