@@ -71,8 +71,11 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         }
     }
     out.push(outcome("fused AdamW", || adamw(device)));
-    out.push(outcome("profile sweep", || sweep(device)));
-    out.push(outcome("measured colocations", || colocations(device)));
+    let mut profile = None;
+    out.push(outcome("profile sweep", || sweep(device, &mut profile)));
+    out.push(outcome("measured colocations", || {
+        colocations(device, profile.as_ref())
+    }));
     // A failed capture ends with the capture (it is not sticky); the attention kernels have
     // run under the CPU emulation only.
     out.push(outcome("CUDA graph (a block's forward)", || launch(device)));

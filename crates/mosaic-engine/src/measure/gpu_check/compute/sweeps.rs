@@ -1,5 +1,7 @@
 //! `mosaic measure profile|colocations --device cuda` in small: the files must validate.
 
+use mosaic_profile::{ColocationFile, ProfileFile};
+
 use super::Res;
 use crate::measure::ProfileConfig;
 use crate::runtime::slot::cuda::GpuDevice;
@@ -17,12 +19,17 @@ fn small(max_dp: usize) -> ProfileConfig {
 }
 
 /// `mosaic measure colocations --device cuda` in small: two colocations of clip-tiny at
-/// batch 4; the file must validate, every module have kept iterations and finite times.
-pub(super) fn colocations(device: &GpuDevice) -> Res<(bool, String)> {
+/// batch 4, dp 1; the file must validate, every module have kept iterations and finite times,
+/// and the colocations hold against `profile` (the profile sweep's, where it ran), as `mosaic
+/// fit` reads them: every module's quota one the profile has.
+pub(super) fn colocations(
+    device: &GpuDevice,
+    profile: Option<&ProfileFile>,
+) -> Res<(bool, String)> {
     use crate::measure::{
         colocation_file, colocations_gpu, gpu_colocation_source, ColocationConfig,
     };
-    let config = small(2);
+    let config = small(1);
     let draws = ColocationConfig {
         samples: 2,
         seed: 0,
@@ -61,14 +68,36 @@ pub(super) fn colocations(device: &GpuDevice) -> Res<(bool, String)> {
     let valid = parsed
         .as_ref()
         .map_or_else(|e| e.to_string(), |_| "valid".into());
-    Ok((parsed.is_ok() && sane, format!("{figure}; file {valid}")))
+    let fitted = match (profile, &parsed) {
+        (Some(profile), Ok(parsed)) => fit(profile, parsed),
+        _ => Err("not fitted: no valid profile and colocations".into()),
+    };
+    let fit_figure = fitted.as_ref().map_or_else(Clone::clone, Clone::clone);
+    Ok((
+        parsed.is_ok() && sane && fitted.is_ok(),
+        format!("{figure}; file {valid}; {fit_figure}"),
+    ))
+}
+
+/// Eq. 8 fitted to `colocations` against `profile`, as `mosaic fit` does, in words; an error
+/// where a colocation does not hold against the profile.
+fn fit(profile: &ProfileFile, colocations: &ColocationFile) -> Result<String, String> {
+    let perf = mosaic_profile::PerfModel::new(profile, mosaic_fit::LOOKUP_GRANULARITY, "profile")
+        .map_err(|e| e.to_string())?;
+    let obs = mosaic_fit::observations(&perf, colocations, "colocations")
+        .map_err(|e| format!("not fitted to the profile sweep's profile: {e}"))?;
+    let e = mosaic_fit::fit(&obs, mosaic_fit::Model::Full);
+    Ok(format!(
+        "fitted to the profile sweep's profile: e1 {:.3}, e2 {:.3}, e3 {:.3}",
+        e.e1, e.e2, e.e3
+    ))
 }
 
 /// `mosaic measure profile --device cuda` in small: clip-tiny at batch 4, dp 1, on every
-/// partition of the grid; the file must validate and plan, every figure be finite, vision on
-/// the fewest SMs be no faster than on the whole GPU (within 10 %), and some points replay
-/// CUDA graphs (unless `MOSAIC_GRAPHS=off`).
-pub(super) fn sweep(device: &GpuDevice) -> Res<(bool, String)> {
+/// partition of the grid, kept in `keep`; the file must validate and plan, every figure be
+/// finite, vision on the fewest SMs be no faster than on the whole GPU (within 10 %), and some
+/// points replay CUDA graphs (unless `MOSAIC_GRAPHS=off`).
+pub(super) fn sweep(device: &GpuDevice, keep: &mut Option<ProfileFile>) -> Res<(bool, String)> {
     use crate::measure::{gpu_sm_grid, profile_file, sweep_gpu, Launched};
     use crate::runtime::graphed::GRAPHS;
     let config = small(1);
@@ -80,6 +109,7 @@ pub(super) fn sweep(device: &GpuDevice) -> Res<(bool, String)> {
         message: e.to_string(),
     })?;
     let parsed = mosaic_profile::parse(&text, "the GPU profile");
+    *keep = parsed.as_ref().ok().cloned();
     let plans = parsed.as_ref().ok().and_then(|p| {
         let perf = mosaic_profile::PerfModel::new(p, 0.1, "the GPU profile").ok()?;
         mosaic_plan::solve(&perf, 1, &mosaic_plan::SolveOptions::default()).ok()
