@@ -100,8 +100,8 @@ pub fn colocation_file(
 #[cfg(test)]
 mod tests {
     use super::{colocation_file, profile_file};
+    use crate::measure::gpu_info::tests::h100;
     use crate::measure::machine::tests::machine;
-    use crate::measure::GpuInfo;
     use crate::measure::{ColocationConfig, ProfileConfig, Profiler};
     use mosaic_profile::SmGranularity;
 
@@ -175,14 +175,7 @@ mod tests {
             p.cores = sms;
         }
         let hopper = SmGranularity::for_compute_capability(9);
-        profile.gpu = Some(GpuInfo {
-            ordinal: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            sms: 132,
-            partition: hopper,
-            memory_gib: 79.2,
-            peak_gbps: 3352.0,
-        });
+        profile.gpu = Some(h100());
         let file = profile_file(&profile);
         assert!(file.source.as_deref().unwrap().contains("NVML"));
         let text = serde_json::to_string(&file).unwrap();

@@ -16,8 +16,10 @@
 //!   GPU is not shared with other processes on the machines this runs on, so each colocation
 //!   is measured once.
 
+use mosaic_profile::SmGranularity;
+
 use super::colocate::{ColocationConfig, MeasuredColocation};
-use super::gpu_info::GpuInfo;
+use super::gpu_info::{gpu_sm_grid, GpuInfo};
 use super::machine::Machine;
 use super::profiler::ProfileConfig;
 use crate::error::EngineError;
@@ -46,6 +48,22 @@ pub fn gpu_colocation_source(
         config.warmup,
         config.reps
     )
+}
+
+/// The quotas a colocation on a GPU of `sms` SMs draws its modules' from, a partition step
+/// each (`quotas[s − 1]` is `s` steps: whole partitions up to what one split hands out), and
+/// the fewest steps a module takes: the profile sweep's smallest partition, so that `mosaic
+/// fit` can hold every module against the profile (it never extrapolates below the sweep's
+/// lowest quota: an H100's 8-SM partition lies under its 16-SM decile).
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU colocations'
+pub(super) fn colocation_quotas(sms: u32, partition: SmGranularity) -> (Vec<f64>, usize) {
+    let step = partition.step_sms.max(1);
+    let capacity = partition.largest_within(sms).unwrap_or(0);
+    let least = (gpu_sm_grid(sms, partition)[0].div_ceil(step) as usize).max(1);
+    let quotas = (1..=capacity / step)
+        .map(|k| (k * step) as f64 / sms as f64)
+        .collect();
+    (quotas, least)
 }
 
 /// The error of a build without GPU compute.
@@ -79,7 +97,6 @@ pub fn colocations_gpu(
     use mosaic_kit::rng::SplitMix64;
 
     use super::colocate::{draw, MAX_COLOCATED};
-    use super::gpu_info::gpu_sm_grid;
     use super::profiler::{dp_grid, Profiler};
     use crate::models::{self, Recipe};
     use crate::runtime::slot::cuda::Binding;
@@ -91,16 +108,7 @@ pub fn colocations_gpu(
         .iter()
         .map(|m| m.name)
         .collect();
-    // Whole partitions, together at most what one split hands out, each at least the profile
-    // sweep's smallest, so that `mosaic fit` can hold every module against the profile (it
-    // never extrapolates below the sweep's lowest quota: an H100's 8-SM partition lies under
-    // its 16-SM decile).
-    let step = info.partition.step_sms.max(1);
-    let capacity = info.partition.largest_within(info.sms).unwrap_or(0);
-    let least = (gpu_sm_grid(info.sms, info.partition)[0].div_ceil(step) as usize).max(1);
-    let quotas: Vec<f64> = (1..=capacity / step)
-        .map(|k| (k * step) as f64 / info.sms as f64)
-        .collect();
+    let (quotas, least) = colocation_quotas(info.sms, info.partition);
     let k_max = MAX_COLOCATED.min(names.len()).min(quotas.len() / least);
     if k_max < 2 {
         return Err(EngineError::BadSetting {
@@ -225,5 +233,86 @@ mod on_device {
                 .collect()
         });
         profiler.assemble(picks, sms, alone, together, race.stop_at.load(SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::colocate::{draw, ColocatedRun, MAX_COLOCATED};
+    use super::*;
+    use crate::measure::gpu_info::tests::h100;
+    use crate::measure::machine::tests::machine;
+    use crate::measure::profiler::tests::quick;
+    use crate::measure::{colocation_file, profile_file, Profiler};
+    use mosaic_kit::rng::SplitMix64;
+
+    /// Every colocation drawn on an H100 holds against a profile swept on its partitions, as
+    /// `mosaic fit` reads them (an 8-SM module, below the sweep's lowest decile, did not).
+    #[test]
+    fn gpu_colocations_hold_against_the_gpu_profile_sweep() {
+        let profiler = Profiler::new("omni-tiny", quick(2, 1), machine(2)).unwrap();
+        let mut profile = profiler.sweep(|_| {}).unwrap();
+        // As `sweep_gpu` writes it on an H100: each module at every SM count of the grid.
+        let hopper = SmGranularity::for_compute_capability(9);
+        let grid = gpu_sm_grid(132, hopper);
+        let whole: Vec<_> = profile
+            .points
+            .iter()
+            .filter(|p| p.sm == 1.0)
+            .cloned()
+            .collect();
+        profile.points = (whole.iter())
+            .flat_map(|p| {
+                grid.iter().map(move |&sms| {
+                    let mut p = p.clone();
+                    p.sm = sms as f64 / 132.0;
+                    p.cores = sms as usize;
+                    p.time_ms *= 132.0 / sms as f64;
+                    p.bw_util = 0.3;
+                    p
+                })
+            })
+            .collect();
+        profile.gpu = Some(h100());
+        let perf = mosaic_profile::PerfModel::new(
+            &profile_file(&profile),
+            mosaic_fit::LOOKUP_GRANULARITY,
+            "p",
+        )
+        .unwrap();
+
+        let (quotas, least) = colocation_quotas(132, hopper);
+        assert_eq!((quotas.len(), least), (16, 2), "8 … 128 SMs, at least 16");
+        let n = profiler.model().modules.len();
+        let k_max = MAX_COLOCATED.min(n).min(quotas.len() / least);
+        let measured: Vec<MeasuredColocation> = (0..50)
+            .map(|s| {
+                let mut rng = SplitMix64::stream(7, "profile/colocations", s);
+                let picks = draw(&mut rng, n, &[1], k_max, &quotas, least);
+                let modules = (picks.iter())
+                    .map(|&(m, dp, q)| ColocatedRun {
+                        module: profiler.model().modules[m].name.to_string(),
+                        dp,
+                        sm: q,
+                        cores: (q * 132.0).round() as usize,
+                        alone_ms: 1.0,
+                        colocated_ms: 1.2,
+                        iterations: 3,
+                        alone_busy: 1.0,
+                        together_busy: 1.0,
+                    })
+                    .collect();
+                MeasuredColocation {
+                    modules,
+                    attempts: 1,
+                }
+            })
+            .collect();
+        let file = colocation_file("NVIDIA H100 80GB HBM3", &measured, String::new());
+        let obs = mosaic_fit::observations(&perf, &file, "c.json").unwrap();
+        assert_eq!(
+            obs.len(),
+            measured.iter().map(|s| s.modules.len()).sum::<usize>()
+        );
     }
 }

@@ -79,8 +79,20 @@ impl GpuInfo {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// An H100 SXM as NVML and the driver describe it (132 SMs, 8-SM partitions).
+    pub(crate) fn h100() -> GpuInfo {
+        GpuInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            partition: SmGranularity::for_compute_capability(9),
+            memory_gib: 79.2,
+            peak_gbps: 3352.0,
+        }
+    }
 
     #[test]
     fn the_grid_is_what_the_hardware_grants() {
@@ -106,14 +118,7 @@ mod tests {
 
     #[test]
     fn the_source_names_the_device_and_the_method() {
-        let gpu = GpuInfo {
-            ordinal: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            sms: 132,
-            partition: SmGranularity::for_compute_capability(9),
-            memory_gib: 79.2,
-            peak_gbps: 3352.0,
-        };
+        let gpu = h100();
         let text = gpu.sweep_source("clip", &ProfileConfig::default());
         assert!(text.contains("clip (size 1") && text.contains("NVIDIA H100 80GB HBM3"));
         assert!(text.contains("NVML") && !text.contains("  "), "{text}");
