@@ -98,7 +98,8 @@ pub fn sweep_gpu(
 }
 
 /// CUDA device `ordinal` opened for green-context slots, NVML on it, and what the profile
-/// files say of it.
+/// files say of it; first, `MOSAIC_KERNELS` and `MOSAIC_GRAPHS` refused where they hold a value
+/// they do not take, as training refuses them.
 #[cfg(all(feature = "cuda", mosaic_gpu))]
 pub(super) fn open(
     ordinal: usize,
@@ -110,6 +111,8 @@ pub(super) fn open(
     ),
     EngineError,
 > {
+    crate::kernels::KERNELS.check()?;
+    crate::runtime::graphed::GRAPHS.check()?;
     let gpu = crate::runtime::slot::cuda::GpuDevice::open(ordinal)?;
     let nvml = super::nvml::Nvml::open(gpu.pci_bus_id())?;
     let info = GpuInfo {
