@@ -40,9 +40,11 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         confinement(device, true)
     }));
     out.push(outcome("co-location", || colocation(device)));
-    // The bf16 ops around a block's products, each against its composed form, before the
-    // models that run them: a failure there names its op.
+    // The bf16 ops around a block's products and the fused attention, each against its
+    // composed form, before the models that run them: a failure there names its kernel (one
+    // that faults ends the context, and every row after it fails with the fault).
     out.push(outcome("fused bf16 ops", || fused(device)));
+    out.push(outcome("fused attention", || attention(device)));
     // Tiny models in f32 on both devices; zoo-built ones at a small size, bf16 products
     // on the GPU against f32 on the CPU, so within bf16's tolerance.
     let models = [
@@ -76,10 +78,8 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
     out.push(outcome("measured colocations", || {
         colocations(device, profile.as_ref())
     }));
-    // A failed capture ends with the capture (it is not sticky); the attention kernels have
-    // run under the CPU emulation only.
+    // A failed capture ends with the capture (it is not sticky).
     out.push(outcome("CUDA graph (a block's forward)", || launch(device)));
-    out.push(outcome("fused attention", || attention(device)));
     // NCCL's start-up opens a bootstrap socket, the one step here that could wait on
     // something other than the GPU: before the six-way stages all the same, since the stage
     // split in turn failed in cuBLAS on the H200, perhaps ending the context.
