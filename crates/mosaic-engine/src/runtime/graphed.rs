@@ -31,7 +31,7 @@ pub static GRAPHS: EnvSwitch = EnvSwitch::new("MOSAIC_GRAPHS", "on", "off");
 /// as long as the launches the host issues ahead of it; the H200 put ImageBind imu's block at
 /// batch 2 at 52 % and real-size blocks at batch 16 at 1–2 % (`mosaic bench block`, README
 /// "Measured on an H200 (2026-11-28)").
-pub(crate) const LAUNCH_BOUND: f64 = 0.5;
+pub const LAUNCH_BOUND: f64 = 0.5;
 
 /// Whether passes that took `ms`, of which the host spent `host_ms` issuing them, are
 /// launch-bound ([`LAUNCH_BOUND`]).

@@ -7,6 +7,7 @@ use mosaic_engine::measure::{
     dp_grid, measure_machine, profile_file, sweep_gpu, EngineProfile, Launched, Machine, Point,
     UNDISTURBED,
 };
+use mosaic_engine::runtime::graphed::LAUNCH_BOUND;
 
 use super::{Sweep, WARMUP};
 use crate::commands::engine::engine;
@@ -58,11 +59,22 @@ fn on_gpu(args: &Args) -> Result<EngineProfile> {
     // run there is).
     let host = measure_machine(1, 1).map_err(engine)?;
     let mut done = 0;
-    sweep_gpu(&sweep.model, sweep.config(), host, 0, |p| {
+    let profile = sweep_gpu(&sweep.model, sweep.config(), host, 0, |p| {
         done += 1;
         eprintln!("[{done}] {}", point_line(p, "SM"));
     })
-    .map_err(engine)
+    .map_err(engine)?;
+    let graphed = (profile.points.iter())
+        .filter(|p| p.launched == Launched::Graphed)
+        .count();
+    eprintln!(
+        "{graphed} of {} points replayed their passes from CUDA graphs, as the trainer replays a \
+         module whose host issues its work in at least {:.0} % of its passes' time \
+         (MOSAIC_GRAPHS=off: none)",
+        profile.points.len(),
+        100.0 * LAUNCH_BOUND
+    );
+    Ok(profile)
 }
 
 /// The dp grid, comma-separated.
