@@ -60,8 +60,8 @@ pub use error::FitError;
 pub use nnls::{nnls, MAX_UNKNOWNS};
 pub use observe::{observations, Observation, LOOKUP_GRANULARITY, MAX_COLOCATED_MS};
 pub use regression::{
-    accuracy, check_fitted, evaluate, fit, is_held_out, test_set, Accuracy, ByModules, FitReport,
-    Model, ModelFit, HOLDOUT_EVERY, MAX_COEFFICIENT, REPORT_FORMAT,
+    accuracy, check_fitted, evaluate, fit, fit_holdable, is_held_out, test_set, Accuracy,
+    ByModules, FitReport, Model, ModelFit, HOLDOUT_EVERY, MAX_COEFFICIENT, REPORT_FORMAT,
 };
 pub use scatter::{scatter_series, scatter_svg, ScatterPoint, Series};
 pub use surface::{

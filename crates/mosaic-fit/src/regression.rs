@@ -300,6 +300,23 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     sum / n as f64
 }
 
+/// Whether a profile can hold `v` as an interference coefficient: a number in [0,
+/// [`MAX_COEFFICIENT`]].
+fn holds(v: f64) -> bool {
+    v.is_finite() && (0.0..=MAX_COEFFICIENT).contains(&v)
+}
+
+/// Eq. 8 fitted to `obs` ([`fit`]) by the fullest model — full, additive, else none — whose
+/// coefficients a profile can hold: where the bandwidth utilisations are small (a CPU's), the
+/// full model may fit ΠB's coefficient past [`MAX_COEFFICIENT`].
+pub fn fit_holdable(obs: &[Observation]) -> (Model, Interference) {
+    [Model::Full, Model::Additive]
+        .into_iter()
+        .map(|m| (m, fit(obs, m)))
+        .find(|(_, e)| [e.e1, e.e2, e.e3].into_iter().all(holds))
+        .unwrap_or((Model::Unaware, Interference::default()))
+}
+
 /// Refuses the fit of `report` (on observations `obs` of colocations file `file`) when a model's
 /// fitted coefficient is one a profile cannot hold — above [`MAX_COEFFICIENT`] or not a number
 /// — so that `mosaic fit` never writes a profile the planner refuses. The error names the
@@ -314,7 +331,7 @@ pub fn check_fitted(
         let e = m.interference;
         let Some((name, v)) = [("e1", e.e1), ("e2", e.e2), ("e3", e.e3)]
             .into_iter()
-            .find(|(_, v)| !(v.is_finite() && (0.0..=MAX_COEFFICIENT).contains(v)))
+            .find(|&(_, v)| !holds(v))
         else {
             continue;
         };

@@ -505,3 +505,50 @@ fn coefficients_no_profile_holds_are_refused_naming_the_samples() {
     let obs = observations(&model, &c, "c.json").unwrap();
     check_fitted(&evaluate(&obs, HOLDOUT_EVERY), &obs, "c.json").unwrap();
 }
+
+/// A colocation of two modules of bandwidths `a` and `b`, each measured `slowdown` slower.
+fn pair(sample: usize, a: f64, b: f64, slowdown: f64) -> Vec<Observation> {
+    [a, b]
+        .iter()
+        .map(|&bw| Observation {
+            sample,
+            module: format!("m{bw}"),
+            modules: 2,
+            dp: 1,
+            sm: 0.5,
+            base_ms: 10.0,
+            bw_util: bw,
+            sample_bw: vec![a, b],
+            measured_ms: 10.0 * (1.0 + slowdown),
+        })
+        .collect()
+}
+
+#[test]
+fn interference_is_fitted_by_the_fullest_model_a_profile_can_hold() {
+    // Slowdowns of 0.2 + 0.3·ΠB: the full model fits them exactly.
+    let obs: Vec<_> = [(0.5, 0.4), (0.2, 0.9), (0.7, 0.7)]
+        .iter()
+        .enumerate()
+        .flat_map(|(k, &(a, b))| pair(k, a, b, 0.2 + 0.3 * a * b))
+        .collect();
+    let (model, e) = fit_holdable(&obs);
+    assert_eq!(model, Model::Full);
+    assert!(
+        (e.e1 - 0.2).abs() < 1e-6 && (e.e3 - 0.3).abs() < 1e-6,
+        "{e:?}"
+    );
+    // Slowdowns of 5000·ΠB at tiny bandwidths (a CPU's): the full model's e3 is past what
+    // a profile holds, so a smaller model is fitted instead.
+    let tiny: Vec<_> = [(0.01, 0.02), (0.03, 0.01), (0.02, 0.02)]
+        .iter()
+        .enumerate()
+        .flat_map(|(k, &(a, b))| pair(k, a, b, 5000.0 * a * b))
+        .collect();
+    assert!(fit(&tiny, Model::Full).e3 > 100.0);
+    let (model, e) = fit_holdable(&tiny);
+    assert_ne!(model, Model::Full);
+    for v in [e.e1, e.e2, e.e3] {
+        assert!((0.0..=MAX_COEFFICIENT).contains(&v), "{e:?}");
+    }
+}

@@ -115,6 +115,18 @@ impl Timing {
     }
 }
 
+/// A phase's times, in ms: the host's until its pass returned, and until its device drained.
+#[derive(Clone, Copy)]
+struct Span {
+    host_ms: f64,
+    ms: f64,
+}
+
+/// Milliseconds since `t`.
+fn elapsed_ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
 /// What a module's timed iterations read: its whole-batch inputs and output-gradient stand-in.
 struct Prepared {
     /// Whole-batch inputs in [`crate::Module::inputs`] order: data tensors, earlier modules'
@@ -249,37 +261,16 @@ impl Profiler {
     ) -> candle_core::Result<(Timing, Option<Memory>)> {
         let module = &self.model.modules[m];
         let prep = &self.prepared[m];
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-
-        let t = Instant::now();
-        let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
-        let out = module.net.forward(&xs, shard)?;
-        let forward_host_ms = ms(t);
-        // A GPU runs the launched kernels later: each phase ends when its stream has drained.
-        self.devices[m].synchronize()?;
-        let forward_ms = ms(t);
-
+        let ((xs, vars, out), forward) = self.phase(m, || {
+            let (xs, vars) = module.replica_inputs(prep.inputs.iter().cloned(), shard)?;
+            let out = module.net.forward(&xs, shard)?;
+            Ok((xs, vars, out))
+        })?;
         let memory = count.then(|| self.count_memory(m, &out, &xs, &vars));
-
-        let t = Instant::now();
-        let (params, inputs) =
-            module.replica_backward(&out, prep.out_grad.as_ref(), &shard.rows, &vars)?;
-        std::hint::black_box(&inputs);
-        let backward_host_ms = ms(t);
-        self.devices[m].synchronize()?;
-        let backward_ms = ms(t);
-
-        let (allreduce_ms, optimizer_ms) = self.update(m, params, others)?;
-        Ok((
-            Timing {
-                forward_ms,
-                backward_ms,
-                allreduce_ms,
-                optimizer_ms,
-                host_ms: forward_host_ms + backward_host_ms,
-            },
-            memory,
-        ))
+        let ((params, _inputs), backward) = self.phase(m, || {
+            module.replica_backward(&out, prep.out_grad.as_ref(), &shard.rows, &vars)
+        })?;
+        Ok((self.update(m, params, others, forward, backward)?, memory))
     }
 
     /// [`Profiler::iterate`] with the forward and backward passes replayed from `graphs`.
@@ -290,50 +281,54 @@ impl Profiler {
         graphs: &GraphedPasses,
         others: &[Vec<Tensor>],
     ) -> candle_core::Result<Timing> {
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        graphs.forward.replay()?;
-        let forward_host_ms = ms(t);
-        self.devices[m].synchronize()?;
-        let forward_ms = ms(t);
-
-        let t = Instant::now();
-        let (params, _) = graphs.backward.replay()?.clone();
-        let backward_host_ms = ms(t);
-        self.devices[m].synchronize()?;
-        let backward_ms = ms(t);
-
-        let (allreduce_ms, optimizer_ms) = self.update(m, params, others)?;
-        Ok(Timing {
-            forward_ms,
-            backward_ms,
-            allreduce_ms,
-            optimizer_ms,
-            host_ms: forward_host_ms + backward_host_ms,
-        })
+        let (_, forward) = self.phase(m, || graphs.forward.replay().map(drop))?;
+        let (params, backward) = self.phase(m, || Ok(graphs.backward.replay()?.0.clone()))?;
+        self.update(m, params, others, forward, backward)
     }
 
-    /// An iteration's last two phases, timed in ms: the all-reduce of this replica's gradients
-    /// `params` with the `others` (0 without others), then module `m`'s AdamW step.
+    /// `pass`, which launches its work on module `m`'s device, and its [`Span`]: a GPU runs
+    /// the launched kernels later, so a phase ends when the device's stream has drained.
+    fn phase<T>(
+        &self,
+        m: usize,
+        pass: impl FnOnce() -> candle_core::Result<T>,
+    ) -> candle_core::Result<(T, Span)> {
+        let t = Instant::now();
+        let out = pass()?;
+        let host_ms = elapsed_ms(t);
+        self.devices[m].synchronize()?;
+        Ok((
+            out,
+            Span {
+                host_ms,
+                ms: elapsed_ms(t),
+            },
+        ))
+    }
+
+    /// An iteration's last two phases, the all-reduce of this replica's gradients `params`
+    /// with the `others` (0 without others) and module `m`'s AdamW step, timed after its
+    /// `forward` and `backward` passes.
     fn update(
         &self,
         m: usize,
         params: Vec<Tensor>,
         others: &[Vec<Tensor>],
-    ) -> candle_core::Result<(f64, f64)> {
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        let params = all_reduce(params, others)?;
-        self.devices[m].synchronize()?;
-        let allreduce_ms = if others.is_empty() { 0.0 } else { ms(t) };
-
-        let t = Instant::now();
-        self.optimizers[m]
-            .lock()
-            .expect("optimizer lock")
-            .step(&self.model.modules[m].params, &params)?;
-        self.devices[m].synchronize()?;
-        Ok((allreduce_ms, ms(t)))
+        forward: Span,
+        backward: Span,
+    ) -> candle_core::Result<Timing> {
+        let (params, allreduce) = self.phase(m, || all_reduce(params, others))?;
+        let ((), step) = self.phase(m, || {
+            let mut optimizer = self.optimizers[m].lock().expect("optimizer lock");
+            optimizer.step(&self.model.modules[m].params, &params)
+        })?;
+        Ok(Timing {
+            forward_ms: forward.ms,
+            backward_ms: backward.ms,
+            allreduce_ms: if others.is_empty() { 0.0 } else { allreduce.ms },
+            optimizer_ms: step.ms,
+            host_ms: forward.host_ms + backward.host_ms,
+        })
     }
 
     /// Module `m`'s forward pass on `shard` and its backward pass captured as CUDA graphs, as

@@ -328,7 +328,7 @@ fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<(Plan, Fitted)
     let perf = PerfModel::new(&file, mosaic_fit::LOOKUP_GRANULARITY, Path::new(what))?;
     let obs = mosaic_fit::observations(&perf, &colocations, "(the measured colocations)")
         .with_context(|| format!("fitting {name}'s interference to its measured colocations"))?;
-    let (model, interference) = fit_holdable(&obs);
+    let (model, interference) = mosaic_fit::fit_holdable(&obs);
     let plan = plan_on(&mosaic_fit::write_fitted(&file, interference), name)?;
     let fitted = Fitted {
         model,
@@ -343,23 +343,6 @@ fn plan_on(file: &ProfileFile, name: &str) -> Result<Plan> {
     let perf = PerfModel::new(file, 0.1, Path::new("(the measured profile)"))
         .with_context(|| format!("planning {name} on its measured profile"))?;
     solve(&perf, 1, &SolveOptions::default()).with_context(|| format!("planning {name} on one GPU"))
-}
-
-/// Eq. 8 fitted to `obs` by the fullest model (full, additive, else none) whose coefficients
-/// a profile can hold: on a CPU the bandwidth utilisations are small enough that the full
-/// model may fit ΠB's coefficient past [`mosaic_fit::MAX_COEFFICIENT`].
-fn fit_holdable(obs: &[mosaic_fit::Observation]) -> (mosaic_fit::Model, Interference) {
-    use mosaic_fit::{fit, Model, MAX_COEFFICIENT};
-    let holdable = |e: &Interference| {
-        [e.e1, e.e2, e.e3]
-            .iter()
-            .all(|v| v.is_finite() && (0.0..=MAX_COEFFICIENT).contains(v))
-    };
-    [Model::Full, Model::Additive]
-        .into_iter()
-        .map(|m| (m, fit(obs, m)))
-        .find(|(_, e)| holdable(e))
-        .unwrap_or((Model::Unaware, Interference::default()))
 }
 
 /// Medians over `steps` timed steps of `schedule`, after two warm-up steps.
@@ -772,52 +755,5 @@ mod tests {
                 ),
             "{line}"
         );
-    }
-
-    /// A colocation of two modules of bandwidths `a` and `b`, each measured `slowdown` slower.
-    fn pair(sample: usize, a: f64, b: f64, slowdown: f64) -> Vec<mosaic_fit::Observation> {
-        [a, b]
-            .iter()
-            .map(|&bw| mosaic_fit::Observation {
-                sample,
-                module: format!("m{bw}"),
-                modules: 2,
-                dp: 1,
-                sm: 0.5,
-                base_ms: 10.0,
-                bw_util: bw,
-                sample_bw: vec![a, b],
-                measured_ms: 10.0 * (1.0 + slowdown),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn interference_is_fitted_by_the_fullest_model_a_profile_can_hold() {
-        // Slowdowns of 0.2 + 0.3·ΠB: the full model fits them exactly.
-        let obs: Vec<_> = [(0.5, 0.4), (0.2, 0.9), (0.7, 0.7)]
-            .iter()
-            .enumerate()
-            .flat_map(|(k, &(a, b))| pair(k, a, b, 0.2 + 0.3 * a * b))
-            .collect();
-        let (model, e) = fit_holdable(&obs);
-        assert_eq!(model, mosaic_fit::Model::Full);
-        assert!(
-            (e.e1 - 0.2).abs() < 1e-6 && (e.e3 - 0.3).abs() < 1e-6,
-            "{e:?}"
-        );
-        // Slowdowns of 5000·ΠB at tiny bandwidths (a CPU's): the full model's e3 is past what
-        // a profile holds, so a smaller model is fitted instead.
-        let tiny: Vec<_> = [(0.01, 0.02), (0.03, 0.01), (0.02, 0.02)]
-            .iter()
-            .enumerate()
-            .flat_map(|(k, &(a, b))| pair(k, a, b, 5000.0 * a * b))
-            .collect();
-        assert!(mosaic_fit::fit(&tiny, mosaic_fit::Model::Full).e3 > 100.0);
-        let (model, e) = fit_holdable(&tiny);
-        assert_ne!(model, mosaic_fit::Model::Full);
-        for v in [e.e1, e.e2, e.e3] {
-            assert!((0.0..=mosaic_fit::MAX_COEFFICIENT).contains(&v), "{e:?}");
-        }
     }
 }

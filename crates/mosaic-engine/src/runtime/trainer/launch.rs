@@ -3,14 +3,14 @@
 //!
 //! Every module runs its first step op by op. A module whose host then spent at least
 //! [`LAUNCH_BOUND`](crate::runtime::graphed::LAUNCH_BOUND) of its passes' time issuing work
-//! kept its GPU waiting for launches: its next step captures its forward pass as one graph
-//! and its backward pass (without the optimizer step and the all-reduce, which stay outside)
-//! as another, and later steps replay them. Capturing follows PyTorch's `make_graphed_callables`: the forward graph reads its
-//! inputs from buffers of its own, into which each step copies the whole batch's inputs; its
-//! replicas' tapes (candle's autograd graph, whose tensors are the graph's memory) are kept
-//! for the backward graph, which reads ∂loss/∂output from a buffer of its own and writes the
-//! gradients in place. A module whose pass cannot be captured, or whose replay does not
-//! reproduce the pass, stays op by op, with the reason (`Trainer::launches`).
+//! kept its GPU waiting for launches: its next step captures its forward pass as one graph and
+//! its backward pass (without the optimizer step and the all-reduce, which stay outside) as
+//! another, and later steps replay them. Capturing follows PyTorch's `make_graphed_callables`:
+//! the forward graph reads its inputs from buffers of its own, into which each step copies the
+//! whole batch's inputs; its replicas' tapes (candle's autograd graph, whose tensors are the
+//! graph's memory) are kept for the backward graph, which reads ∂loss/∂output from a buffer of
+//! its own and writes the gradients in place. A module whose pass cannot be captured, or whose
+//! replay does not reproduce the pass, stays op by op, with the reason (`Trainer::launches`).
 
 use candle_core::{Device, Result, Tensor};
 
