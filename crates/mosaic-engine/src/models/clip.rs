@@ -17,7 +17,7 @@ use candle_core::{Device, Result, Tensor};
 
 use mosaic_kit::rng::SplitMix64;
 
-use super::data::{Batch, DataSource, Field, Kind};
+use super::data::{Batch, DataSource, Field};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{l2_normalise, log_softmax, one_hot, BlockDims, ParamBuilder};
 use super::towers::{Pool, TextTower, Vit};
@@ -97,24 +97,9 @@ impl ClipData {
 impl DataSource for ClipData {
     fn fields(&self) -> Vec<Field> {
         vec![
-            Field {
-                name: "image",
-                dims: vec![SIDE, SIDE],
-                kind: Kind::Real,
-                lengths_of: None,
-            },
-            Field {
-                name: "text",
-                dims: vec![TEXT_LEN],
-                kind: Kind::Index(VOCAB as u32),
-                lengths_of: None,
-            },
-            Field {
-                name: "text_len",
-                dims: vec![],
-                kind: Kind::Index(TEXT_LEN as u32 + 1),
-                lengths_of: Some("text"),
-            },
+            Field::real("image", vec![SIDE, SIDE]),
+            Field::ids("text", vec![TEXT_LEN], VOCAB),
+            Field::lengths("text_len", "text", TEXT_LEN),
         ]
     }
 

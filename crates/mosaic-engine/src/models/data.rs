@@ -67,6 +67,36 @@ pub struct Field {
 }
 
 impl Field {
+    /// Real values of shape `dims` a sample.
+    pub fn real(name: &'static str, dims: Vec<usize>) -> Self {
+        Field {
+            name,
+            dims,
+            kind: Kind::Real,
+            lengths_of: None,
+        }
+    }
+
+    /// Ids below `bound` of shape `dims` a sample.
+    pub fn ids(name: &'static str, dims: Vec<usize>, bound: usize) -> Self {
+        Field {
+            name,
+            dims,
+            kind: Kind::Index(bound as u32),
+            lengths_of: None,
+        }
+    }
+
+    /// Each sample's length, 1 to `width`, of token field `of` (see [`Field::lengths_of`]).
+    pub fn lengths(name: &'static str, of: &'static str, width: usize) -> Self {
+        Field {
+            name,
+            dims: vec![],
+            kind: Kind::Index(width as u32 + 1),
+            lengths_of: Some(of),
+        }
+    }
+
     fn describe(&self) -> String {
         let kind = match (self.kind, self.lengths_of) {
             (Kind::Index(n), Some(of)) => format!(
@@ -416,12 +446,7 @@ mod tests {
         }
 
         fn fields(&self) -> Vec<Field> {
-            vec![Field {
-                name: "vision",
-                dims: vec![1297, 588],
-                kind: Kind::Real,
-                lengths_of: None,
-            }]
+            vec![Field::real("vision", vec![1297, 588])]
         }
     }
 

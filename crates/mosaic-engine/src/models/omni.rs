@@ -16,7 +16,7 @@ use candle_core::{Device, Result, Tensor};
 
 use mosaic_kit::rng::SplitMix64;
 
-use super::data::{Batch, DataSource, Field, Kind};
+use super::data::{Batch, DataSource, Field};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{
     log_softmax, one_hot, run_blocks_masked, Block, BlockDims, LayerNorm, Linear, ParamBuilder,
@@ -101,33 +101,12 @@ struct OmniData {
 
 impl DataSource for OmniData {
     fn fields(&self) -> Vec<Field> {
-        let real = |name, dims| Field {
-            name,
-            dims,
-            kind: Kind::Real,
-            lengths_of: None,
-        };
         vec![
-            real("audio", vec![FRAMES, MELS]),
-            real("image", vec![SIDE, SIDE]),
-            Field {
-                name: "label",
-                dims: vec![],
-                kind: Kind::Index(CLASSES as u32),
-                lengths_of: None,
-            },
-            Field {
-                name: "text",
-                dims: vec![TEXT_LEN],
-                kind: Kind::Index(VOCAB as u32),
-                lengths_of: None,
-            },
-            Field {
-                name: "text_len",
-                dims: vec![],
-                kind: Kind::Index(TEXT_LEN as u32 + 1),
-                lengths_of: Some("text"),
-            },
+            Field::real("audio", vec![FRAMES, MELS]),
+            Field::real("image", vec![SIDE, SIDE]),
+            Field::ids("label", vec![], CLASSES),
+            Field::ids("text", vec![TEXT_LEN], VOCAB),
+            Field::lengths("text_len", "text", TEXT_LEN),
         ]
     }
 

@@ -36,7 +36,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use mosaic_kit::rng::SplitMix64;
 use mosaic_zoo::{ModuleSpec, Role};
 
-use super::data::{Batch, DataSource, Field, Kind};
+use super::data::{Batch, DataSource, Field};
 use super::model::{Coupling, Input, Model, Module, Net, Output, Shard, TextLayout};
 use super::nn::{
     l2_normalise, log_softmax, matmul_in, one_hot, run_blocks, Block, BlockDims, LayerNorm, Linear,
@@ -204,18 +204,8 @@ impl DataSource for ZooData {
         self.sources
             .iter()
             .map(|s| match s.shape.reads {
-                Reads::Patches(width) => Field {
-                    name: s.name,
-                    dims: vec![s.shape.tokens, width],
-                    kind: Kind::Real,
-                    lengths_of: None,
-                },
-                Reads::Tokens(vocab) => Field {
-                    name: s.name,
-                    dims: vec![s.shape.tokens],
-                    kind: Kind::Index(vocab as u32),
-                    lengths_of: None,
-                },
+                Reads::Patches(width) => Field::real(s.name, vec![s.shape.tokens, width]),
+                Reads::Tokens(vocab) => Field::ids(s.name, vec![s.shape.tokens], vocab),
             })
             .collect()
     }
