@@ -9,7 +9,8 @@
 //! `batch / dp` samples: the machine plays GPU 0 of the colocation, which hosts replica 0 of
 //! every module. Together, every module iterates until all of them have done `warmup + reps`
 //! iterations; a module's time is the median of its iterations after the warm-up that ended
-//! before the first module stopped, so every kept iteration ran while all others were running.
+//! by the time the last module had done its `warmup + reps`, so every kept iteration ran while
+//! all others were running.
 //! The slots' busy shares alone and together are measured too: a slot that gets clearly less
 //! core time together than alone lost it to other processes (on up to
 //! [`super::MAX_QUOTA_STEPS`] cores the slots' threads never outnumber the cores), so such a
@@ -171,7 +172,8 @@ impl Profiler {
     }
 
     /// The colocation of `picks` from what they did alone (median ms, busy share) and together
-    /// (each module's iterations, until the first stopped at `stop_at`), in slots of `cores`.
+    /// (each module's iterations, those ending by `stop_at` kept: see [`Race::stop_at`]), in
+    /// slots of `cores`.
     pub(super) fn assemble(
         &self,
         picks: &[Pick],
@@ -222,8 +224,7 @@ impl Profiler {
     }
 
     /// Every pick iterating in its slot at the same time until all have done `warmup + reps`
-    /// iterations: each module's iterations and busy share, and when the first module
-    /// stopped (ns since the start).
+    /// iterations: each module's iterations and busy share, and [`Race::stop_at`].
     fn together(&self, picks: &[Pick], slots: &[Slot]) -> (Vec<Ends>, u64) {
         let target = self.config.warmup + self.config.reps;
         let race = &Race::new(picks.len());
@@ -233,12 +234,10 @@ impl Profiler {
             .enumerate()
             .map(|(j, (&(m, dp, _), slot))| {
                 let job: Job<'_, Ends> = Box::new(move || {
-                    let result = Run::new(self, m, dp).and_then(|run| {
+                    let _leaving = race.leaving();
+                    Run::new(self, m, dp).and_then(|run| {
                         busy_share(|| run.until_all_done(j, target, race, &Launch::op_by_op()))
-                    });
-                    // A failed module must not leave the others iterating forever.
-                    race.abandon();
-                    result
+                    })
                 });
                 (slot, job)
             })
@@ -267,10 +266,11 @@ impl Profiler {
 }
 
 /// The modules of a colocation iterating together: who has done how many iterations, and
-/// when the first stopped.
+/// until when all of them were.
 pub(super) struct Race {
     stop: AtomicBool,
-    /// When the first module stopped, in ns since `base`.
+    /// When the last module to get there ended its `target`-th iteration, in ns since `base`:
+    /// no module stops before every one has, so until then all of them were iterating.
     pub(super) stop_at: AtomicU64,
     done: Vec<AtomicUsize>,
     base: Instant,
@@ -281,15 +281,51 @@ impl Race {
     pub(super) fn new(modules: usize) -> Race {
         Race {
             stop: AtomicBool::new(false),
-            stop_at: AtomicU64::new(u64::MAX),
+            stop_at: AtomicU64::new(0),
             done: (0..modules).map(|_| AtomicUsize::new(0)).collect(),
             base: Instant::now(),
         }
     }
 
-    /// Tells every module to stop (one failed).
-    pub(super) fn abandon(&self) {
-        self.stop.store(true, SeqCst);
+    /// Held by a module's thread for as long as it takes part: when it lets go (done, failed,
+    /// or panicking), every module stops, so that none is left iterating forever.
+    pub(super) fn leaving(&self) -> Leaving<'_> {
+        Leaving(self)
+    }
+
+    /// Module `j` iterating (`iteration` returns each iteration's ms) until every module has
+    /// done `target` iterations, or one has left: the end (ns since the race began) and
+    /// length (ms) of each iteration.
+    fn iterate<E>(
+        &self,
+        j: usize,
+        target: usize,
+        mut iteration: impl FnMut() -> Result<f64, E>,
+    ) -> Result<Vec<(u64, f64)>, E> {
+        let mut its = Vec::new();
+        while !self.stop.load(SeqCst) {
+            let ms = iteration()?;
+            let end = self.base.elapsed().as_nanos() as u64;
+            its.push((end, ms));
+            // Before counting it, so that whoever sees every count at `target` sees this too.
+            if its.len() == target {
+                self.stop_at.fetch_max(end, SeqCst);
+            }
+            self.done[j].fetch_add(1, SeqCst);
+            if self.done.iter().all(|d| d.load(SeqCst) >= target) {
+                self.stop.store(true, SeqCst);
+            }
+        }
+        Ok(its)
+    }
+}
+
+/// A module's part in a [`Race`]; dropping it stops the race.
+pub(super) struct Leaving<'a>(&'a Race);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        self.0.stop.store(true, SeqCst);
     }
 }
 
@@ -304,18 +340,7 @@ impl Run<'_> {
         race: &Race,
         launch: &Launch,
     ) -> Result<Vec<(u64, f64)>, EngineError> {
-        let mut its = Vec::new();
-        while !race.stop.load(SeqCst) {
-            let t = self.once_as(launch)?;
-            let end = race.base.elapsed().as_nanos() as u64;
-            its.push((end, t.total_ms()));
-            race.done[j].fetch_add(1, SeqCst);
-            if race.done.iter().all(|d| d.load(SeqCst) >= target) {
-                race.stop_at.fetch_min(end, SeqCst);
-                race.stop.store(true, SeqCst);
-            }
-        }
-        Ok(its)
+        race.iterate(j, target, || self.once_as(launch).map(|t| t.total_ms()))
     }
 }
 
@@ -416,6 +441,89 @@ mod tests {
             proptest::prop_assert!(used <= 1.0 + 1e-9, "{picks:?}");
             for &(_, dp, q) in &picks {
                 proptest::prop_assert!(q >= quotas[least - 1] - 1e-12 && dps.contains(&dp));
+            }
+        }
+    }
+
+    /// Modules of unequal speeds racing to `target` iterations: each keeps at least `target`
+    /// iterations ending by `stop_at`, so a slow module's last one is never cut (a `stop_at`
+    /// taken when the first module got there would cut the slowest's every time).
+    #[test]
+    fn every_module_keeps_its_target_iterations_whatever_the_speeds() {
+        let target = 3;
+        for round in 0..20u64 {
+            let race = Race::new(3);
+            let ends: Vec<Vec<(u64, f64)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..3usize)
+                    .map(|j| {
+                        let race = &race;
+                        scope.spawn(move || {
+                            let _leaving = race.leaving();
+                            let pause = std::time::Duration::from_micros(
+                                50 * (j as u64 + 1) * (round % 4 + 1),
+                            );
+                            race.iterate(j, target, || {
+                                std::thread::sleep(pause);
+                                Ok::<_, ()>(1.0)
+                            })
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap().unwrap())
+                    .collect()
+            });
+            let stop_at = race.stop_at.load(SeqCst);
+            for (j, its) in ends.iter().enumerate() {
+                let kept = its.iter().filter(|&&(end, _)| end <= stop_at).count();
+                assert!(
+                    kept >= target,
+                    "round {round}: module {j} kept {kept} of {its:?}"
+                );
+            }
+        }
+    }
+
+    /// A module that fails, or panics, stops the others (else they would iterate forever,
+    /// here until their 100,000-iteration cap fails them).
+    #[test]
+    fn a_module_that_fails_or_panics_stops_the_race() {
+        for panics in [false, true] {
+            let race = Race::new(2);
+            let (steady, failing) = std::thread::scope(|scope| {
+                let steady = scope.spawn(|| {
+                    let _leaving = race.leaving();
+                    let mut n = 0;
+                    race.iterate(0, 5, || {
+                        n += 1;
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                        if n > 100_000 {
+                            Err("never stopped")
+                        } else {
+                            Ok(1.0)
+                        }
+                    })
+                });
+                let failing = scope.spawn(|| {
+                    let _leaving = race.leaving();
+                    race.iterate(1, 5, || {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        if panics {
+                            panic!("a CUDA failure cudarc panics on");
+                        }
+                        Err("a failed launch")
+                    })
+                });
+                (steady.join(), failing.join())
+            });
+            let steady = steady.unwrap().unwrap();
+            // Stopped by the other's leaving (perhaps before its first iteration, on a busy
+            // machine), not by its cap.
+            assert!(steady.len() < 100_000, "{}", steady.len());
+            match failing {
+                Ok(r) => assert!(!panics && r.is_err()),
+                Err(_) => assert!(panics),
             }
         }
     }
