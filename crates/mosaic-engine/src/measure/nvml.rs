@@ -6,8 +6,10 @@
 //! (`measurements/h100/measure.py`: NVML's utilisation over at least 0.35 s of steps).
 //!
 //! NVML samples utilisation every 1/6 s to 1 s, depending on the device, each sample the busy
-//! percentage over its period: [`Nvml::busy_since`] averages the samples taken after a window
-//! began, so a window must span at least one period ([`super::BUSY_WINDOW`]).
+//! percentage over the period that ends at its timestamp: [`Nvml::busy_since`] averages the
+//! samples taken after a window began but the first, whose period began before the window
+//! (the GPU may have idled then: a capture, a host read), so a window must span at least two
+//! periods for a sample of its own ([`super::BUSY_WINDOW`]).
 
 use std::ffi::OsStr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -102,11 +104,16 @@ impl Nvml {
     }
 
     /// The mean busy fractions of NVML's samples taken after `since` ([`now_us`] when the
-    /// window began); the last period's figures when no sample fell in the window.
+    /// window began), the first left out ([`in_window`]); the last period's figures when no
+    /// sample fell in the window.
     pub fn busy_since(&self, since: u64) -> Result<Busy, EngineError> {
         let mean = |kind: Sampling, what: &str| -> Result<(f64, usize), EngineError> {
-            let samples = self.call(what, |d| d.samples(kind, since))?;
-            let values: Vec<f64> = samples.iter().filter_map(|s| percent(&s.value)).collect();
+            // NVML says "not found" where no sample is newer than `since`.
+            let samples = self.call(what, |d| match d.samples(kind, since) {
+                Err(nvml_wrapper::error::NvmlError::NotFound) => Ok(Vec::new()),
+                other => other,
+            })?;
+            let values = in_window(samples.iter().map(|s| (s.timestamp, percent(&s.value))));
             Ok((
                 values.iter().sum::<f64>() / values.len().max(1) as f64,
                 values.len(),
@@ -128,6 +135,20 @@ impl Nvml {
             samples: n_k.min(n_m),
         })
     }
+}
+
+/// The percentages of samples (timestamp, value) taken after a window began whose periods lie
+/// inside it: in time order, the first left out where there are more (its period began before
+/// the window), and values NVML could not give.
+fn in_window(samples: impl Iterator<Item = (u64, Option<f64>)>) -> Vec<f64> {
+    let mut samples: Vec<(u64, Option<f64>)> = samples.collect();
+    samples.sort_by_key(|&(at, _)| at);
+    let skip = usize::from(samples.len() > 1);
+    samples
+        .into_iter()
+        .skip(skip)
+        .filter_map(|(_, v)| v)
+        .collect()
 }
 
 /// A sample's percentage, whatever integer or float type NVML stored it in.
@@ -157,6 +178,20 @@ mod tests {
         assert_eq!(fraction(42.0), 0.42);
         assert_eq!(fraction(250.0), 1.0);
         assert!(now_us() > 1_700_000_000_000_000, "microseconds since 1970");
+    }
+
+    #[test]
+    fn a_window_leaves_out_the_sample_whose_period_began_before_it() {
+        let samples = [
+            (300, Some(90.0)),
+            (100, Some(10.0)),
+            (200, None),
+            (400, Some(80.0)),
+        ];
+        assert_eq!(in_window(samples.into_iter()), [90.0, 80.0]);
+        // A lone sample is all the window has.
+        assert_eq!(in_window([(100, Some(10.0))].into_iter()), [10.0]);
+        assert!(in_window(std::iter::empty()).is_empty());
     }
 
     #[test]
