@@ -129,11 +129,12 @@ pub fn colocations_gpu(
         let picks = draw(&mut rng, names.len(), &dps, k_max, &quotas, least);
         let stage: Vec<(&str, f64)> = picks.iter().map(|&(m, _, q)| (names[m], q)).collect();
         let slots = gpu.create_stage(&stage)?;
-        let sample = {
+        // On a thread that ends before the slots do (`graphed::on_own_thread`).
+        let sample = crate::runtime::graphed::on_own_thread("measuring a colocation", || {
             let devices = slots
                 .iter()
                 // SAFETY: the devices and the profiler holding every tensor on them are
-                // dropped at the end of this block, before the slots.
+                // dropped at the end of this closure, before the slots.
                 .map(|slot| unsafe { slot.candle_device(Binding::Primary) })
                 .collect::<Result<Vec<_>, _>>()?;
             let place = |name: &str| match stage.iter().position(|&(n, _)| n == name) {
@@ -151,12 +152,14 @@ pub fn colocations_gpu(
                     for &(m, _, _) in &picks {
                         profiler.model().modules[m].net.set_recompute(true);
                     }
-                    on_device::measure(&profiler, &picks, sms)?
+                    on_device::measure(&profiler, &picks, sms)
                 }
-                other => other?,
+                other => other,
             }
-        };
-        // What the sample's tensors held goes back to the driver before the next slots.
+        })?;
+        // The slots' streams are waited for as they go, then what the sample's tensors held
+        // goes back to the driver before the next slots.
+        drop(slots);
         crate::runtime::memory::release_pool(std::slice::from_ref(&rest), ordinal);
         on_sample(s, &sample);
         out.push(sample);
@@ -214,9 +217,8 @@ mod on_device {
             let handles: Vec<_> = (runs.iter().enumerate())
                 .map(|(j, (run, launch))| {
                     scope.spawn(move || {
-                        let result = thread_busy(|| run.until_all_done(j, target, race, launch));
-                        race.abandon();
-                        result
+                        let _leaving = race.leaving();
+                        thread_busy(|| run.until_all_done(j, target, race, launch))
                     })
                 })
                 .collect();

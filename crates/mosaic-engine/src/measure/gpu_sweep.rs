@@ -35,7 +35,7 @@ pub fn sweep_gpu(
     _config: ProfileConfig,
     _host: Machine,
     ordinal: usize,
-    _on_point: impl FnMut(&Point),
+    _on_point: impl FnMut(&Point) + Send,
 ) -> Result<EngineProfile, EngineError> {
     Err(crate::runtime::on_gpu::needs_gpu_build(&format!(
         "profiling on CUDA device {ordinal}"
@@ -44,16 +44,16 @@ pub fn sweep_gpu(
 
 /// Measures every module of the engine model `model` at every grid point on CUDA device
 /// `ordinal` (see the module documentation), partition by partition, calling `on_point` after
-/// each; returns the points by module, then dp, then quota. `host` is the machine the GPU is
-/// in. Fails before measuring on a bad setting, a device without green contexts or without
-/// NVML.
+/// each (from the thread measuring the partition); returns the points by module, then dp, then
+/// quota. `host` is the machine the GPU is in. Fails before measuring on a bad setting, a
+/// device without green contexts or without NVML.
 #[cfg(all(feature = "cuda", mosaic_gpu))]
 pub fn sweep_gpu(
     model: &str,
     config: ProfileConfig,
     host: Machine,
     ordinal: usize,
-    mut on_point: impl FnMut(&Point),
+    mut on_point: impl FnMut(&Point) + Send,
 ) -> Result<EngineProfile, EngineError> {
     use super::profiler::Profiler;
     use crate::runtime::slot::cuda::Binding;
@@ -70,23 +70,31 @@ pub fn sweep_gpu(
                 message: format!("the driver granted {} SMs", slot.sms()),
             });
         }
-        {
-            // SAFETY: the profiler holds every tensor on the device and is dropped at the end
-            // of this block, before the slot; it runs on this thread only.
-            let device = unsafe { slot.candle_device(Binding::Primary)? };
-            let profiler = Profiler::on(model, config.clone(), host.clone(), &|_| device.clone())?;
-            let release =
-                || crate::runtime::memory::release_pool(std::slice::from_ref(&device), ordinal);
-            for m in 0..profiler.model().modules.len() {
-                for dp in profiler.dps() {
-                    let point = on_device::point(&profiler, m, dp, quota, sms, &nvml, &release)?;
-                    on_point(&point);
-                    points.push(point);
+        // The partition's points on a thread that ends before the slot does
+        // (`graphed::on_own_thread`).
+        let measured =
+            crate::runtime::graphed::on_own_thread(&format!("profiling on {sms} SMs"), || {
+                // SAFETY: the profiler holds every tensor on the device and is dropped at the end
+                // of this closure, before the slot; they are used on this thread only.
+                let device = unsafe { slot.candle_device(Binding::Primary)? };
+                let profiler =
+                    Profiler::on(model, config.clone(), host.clone(), &|_| device.clone())?;
+                let release =
+                    || crate::runtime::memory::release_pool(std::slice::from_ref(&device), ordinal);
+                for m in 0..profiler.model().modules.len() {
+                    for dp in profiler.dps() {
+                        let point =
+                            on_device::point(&profiler, m, dp, quota, sms, &nvml, &release)?;
+                        on_point(&point);
+                        points.push(point);
+                    }
                 }
-            }
-            profile.get_or_insert_with(|| profiler.profile(Some(info.clone()), Vec::new()));
-        }
-        // What the partition's tensors held goes back to the driver before the next slot.
+                Ok(profiler.profile(Some(info.clone()), Vec::new()))
+            })?;
+        profile.get_or_insert(measured);
+        // The slot's stream is waited for as it goes, then what the partition's tensors held
+        // goes back to the driver before the next slot.
+        drop(slot);
         crate::runtime::memory::release_pool(&[], ordinal);
     }
     let mut profile = profile.expect("every device has its whole SMs as a partition");

@@ -73,6 +73,31 @@ pub(crate) fn differ(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> Result<f32> 
     Ok(worst)
 }
 
+/// `work` on a thread of its own, which ends with it: what candle and the engine keep per
+/// thread for the devices `work` used — candle's uploads cached for CUDA graphs
+/// (`enable_cuda_graph_htod_cache`: each holds its device's stream, and none is ever evicted),
+/// the engine's loaded kernels — goes with that thread, while those devices' green-context
+/// slots still exist. Kept by a thread that outlives the slots (the main thread of a profile
+/// sweep, partition after partition), they would be freed at exit on streams destroyed long
+/// before. A panic in `work` is an error saying what it said.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))] // the GPU sweeps'
+pub(crate) fn on_own_thread<T: Send>(
+    what: &str,
+    work: impl FnOnce() -> std::result::Result<T, crate::EngineError> + Send,
+) -> std::result::Result<T, crate::EngineError> {
+    std::thread::scope(|scope| {
+        scope.spawn(work).join().unwrap_or_else(|panic| {
+            let said = (panic.downcast_ref::<String>().cloned())
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(crate::EngineError::Cuda {
+                what: what.to_string(),
+                message: format!("its thread panicked: {said}"),
+            })
+        })
+    })
+}
+
 /// A pass captured as a CUDA graph, with what its capture returned: tensors every
 /// [`Captured::replay`] rewrites in place.
 pub(crate) struct Captured<T> {
@@ -159,7 +184,9 @@ mod on_device {
             });
         };
         let _cached = cuda.enable_cuda_graph_htod_cache();
-        let warm = run()?;
+        // Under the cache, candle hands out cached uploads by a clone that panics where the
+        // device cannot allocate: an error here, as the pass would fail without graphs.
+        let warm = caught(run)?;
         let attempt = || {
             let captured = record(cuda, run)?;
             for _ in 0..2 {
@@ -175,14 +202,7 @@ mod on_device {
             }
             Ok(captured)
         };
-        let graphed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt))
-            .unwrap_or_else(|panic| {
-                let what = (panic.downcast_ref::<String>().cloned())
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                Err(Error::Msg(format!("it panicked: {what}")))
-            });
-        Ok(match graphed {
+        Ok(match caught(attempt) {
             Ok(c) => Capture::Graphed(c),
             Err(e) => {
                 // An error a failed capture left behind for cudarc's next call, reported here
@@ -194,6 +214,16 @@ mod on_device {
                     warm,
                 }
             }
+        })
+    }
+
+    /// `f`'s result, or its panic as an error saying what it said.
+    fn caught<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+            let what = (panic.downcast_ref::<String>().cloned())
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(Error::Msg(format!("it panicked: {what}")))
         })
     }
 
@@ -214,7 +244,6 @@ mod on_device {
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let graph = stream.end_capture(flags);
         let captured = captured.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        pending.w()?;
         let out = captured?;
         let graph = match graph.w() {
             Ok(Some(g)) => Graph(g),
@@ -229,8 +258,9 @@ mod on_device {
                 return Err(e);
             }
         };
-        // Launched before anything else can fail, for the same reason.
-        if let Err(e) = graph.launch() {
+        // Launched before anything else can fail, for the same reason; a free that failed
+        // inside the capture fails it the same way.
+        if let Err(e) = pending.w().and_then(|()| graph.launch()) {
             drop(graph);
             std::mem::forget(out);
             return Err(e);
@@ -305,6 +335,33 @@ mod tests {
         assert!((d - 0.1 / 2.1).abs() < 1e-6, "{d}");
         assert_eq!(differ(&[t(&[1.0])], &[None]).unwrap(), f32::INFINITY);
         assert!(differ(&[t(&[f32::NAN])], &[t(&[1.0])]).unwrap().is_nan());
+    }
+
+    /// What `work` left in its thread's locals is dropped by the time it returns; a panic
+    /// comes back as an error.
+    #[test]
+    fn work_on_its_own_thread_takes_its_thread_locals_with_it() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        static DROPPED: AtomicBool = AtomicBool::new(false);
+        struct Cached;
+        impl Drop for Cached {
+            fn drop(&mut self) {
+                DROPPED.store(true, SeqCst);
+            }
+        }
+        thread_local!(static CACHE: std::cell::RefCell<Option<Cached>> = const { std::cell::RefCell::new(None) });
+        let n = on_own_thread("caching", || {
+            CACHE.with(|c| *c.borrow_mut() = Some(Cached));
+            Ok(7)
+        })
+        .unwrap();
+        assert!(n == 7 && DROPPED.load(SeqCst));
+        let e = on_own_thread::<()>("a partition", || panic!("CUDA_ERROR_ILLEGAL_ADDRESS"))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("a partition") && e.to_string().contains("ILLEGAL_ADDRESS"),
+            "{e}"
+        );
     }
 
     #[test]
