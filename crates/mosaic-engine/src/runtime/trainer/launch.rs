@@ -9,8 +9,9 @@
 //! the forward graph reads its inputs from buffers of its own, into which each step copies the
 //! whole batch's inputs; its replicas' tapes (candle's autograd graph, whose tensors are the
 //! graph's memory) are kept for the backward graph, which reads ∂loss/∂output from a buffer of
-//! its own and writes the gradients in place. A module whose pass cannot be captured, or whose
-//! replay does not reproduce the pass, stays op by op, with the reason (`Trainer::launches`).
+//! its own and writes the gradients in place. A module whose pass cannot be captured, whose
+//! replay does not reproduce the pass, or whose graph later fails to launch, runs op by op from
+//! then on, with the reason (`Trainer::launches`).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -106,20 +107,26 @@ pub(super) fn forward(
     run: &dyn Fn(&[Tensor]) -> Result<Replicas>,
 ) -> Result<(Replicas, bool)> {
     match std::mem::replace(launch, Launch::Undecided) {
-        Launch::Graphed(g) => match load(&g.inputs, &wholes, "an input") {
-            Ok(()) => {
-                let out = shared(g.forward.replay()?);
-                *launch = Launch::Graphed(g);
-                Ok((out, true))
+        Launch::Graphed(g) => {
+            let replayed = load(&g.inputs, &wholes, "an input").and_then(|()| {
+                (g.forward.replay().map(shared))
+                    .map_err(|e| format!("its forward graph failed to launch: {e}"))
+            });
+            match replayed {
+                Ok(out) => {
+                    *launch = Launch::Graphed(g);
+                    Ok((out, true))
+                }
+                Err(why) => {
+                    // The graphs go once the stream is done with them; where the failure
+                    // left the device unusable, so does the pass.
+                    device.synchronize()?;
+                    drop(g);
+                    *launch = Launch::OpByOp(why);
+                    Ok((run(&wholes)?, false))
+                }
             }
-            Err(why) => {
-                // The graphs go once the stream is done with them.
-                device.synchronize()?;
-                drop(g);
-                *launch = Launch::OpByOp(why);
-                Ok((run(&wholes)?, false))
-            }
-        },
+        }
         Launch::Capture => {
             // Buffers of the forward graph's own (a copy: the producer's output is rewritten).
             let inputs = (wholes.iter())
@@ -168,15 +175,29 @@ pub(super) fn backward(
     let tapes = &g.forward.last().tapes;
     match &g.backward {
         Backward::Graphed(c) => {
-            if let (Some(buffer), Some(grad)) = (&g.out_grad, &out_grad) {
-                load(
+            let loaded = match (&g.out_grad, &out_grad) {
+                (Some(buffer), Some(grad)) => load(
                     std::slice::from_ref(buffer),
                     std::slice::from_ref(grad),
                     "∂loss/∂output",
-                )
-                .map_err(candle_core::Error::Msg)?;
+                ),
+                _ => Ok(()),
+            };
+            let replayed = loaded.and_then(|()| {
+                c.replay()
+                    .cloned()
+                    .map_err(|e| format!("its backward graph failed to launch: {e}"))
+            });
+            match replayed {
+                Ok(grads) => Ok(grads),
+                Err(why) => {
+                    // Op by op over the forward graph's tapes from now on (see above).
+                    device.synchronize()?;
+                    let grads = run(tapes, out_grad.as_ref());
+                    g.backward = Backward::OpByOp(why);
+                    grads
+                }
             }
-            Ok(c.replay()?.clone())
         }
         Backward::OpByOp(_) => run(tapes, out_grad.as_ref()),
         Backward::Pending => {
