@@ -317,11 +317,13 @@ impl Trainer {
             })
             .collect();
         collective.create_groups(&groups)?;
-        let (model, devices, slots) = match config.compute {
+        // Bound slots first so that, should anything fail before the trainer holds them, they
+        // are dropped last: the model's tensors are freed on their streams first.
+        let (slots, devices, model) = match config.compute {
             Compute::Cpu => {
                 let specs = schedule.slot_specs(model.modules.len());
                 let devices = vec![Device::Cpu; model.modules.len()];
-                (model, devices, SlotPool::new(specs, config.slots)?)
+                (SlotPool::new(specs, config.slots)?, devices, model)
             }
             Compute::Cuda(ordinal) => {
                 let mut gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
@@ -330,7 +332,7 @@ impl Trainer {
                 if gpu.model.data.worth_drawing_ahead() {
                     gpu.model.data = super::prefetch::Prefetched::wrap(gpu.model.data);
                 }
-                (gpu.model, gpu.devices, gpu.slots)
+                (gpu.slots, gpu.devices, gpu.model)
             }
         };
         let optimizers = AdamW::per_module(&model, config.adamw)?;
