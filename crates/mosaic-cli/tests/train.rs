@@ -330,6 +330,14 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let expected = if cores >= 2 { 6 } else { 0 };
     assert_eq!(fitted["colocations"], expected, "{r}");
+    // Each point and colocation is printed as it is measured.
+    let progress = stderr(&o);
+    assert!(progress.contains("vision dp 1 quota"), "{progress}");
+    assert_eq!(
+        progress.contains(&format!("[{expected}] ")),
+        expected > 0,
+        "{progress}"
+    );
     assert!(["full", "additive", "unaware"].contains(&fitted["model"].as_str().unwrap()));
     for e in ["e1", "e2", "e3"] {
         let v = fitted["interference"][e].as_f64().unwrap();

@@ -28,10 +28,11 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use mosaic_engine::measure::{
     available_cores, colocation_file, colocations_gpu, gpu_colocation_source, measure_machine,
-    profile_file, sweep_gpu, ColocationConfig, EngineProfile, ProfileConfig, Profiler,
+    profile_file, sweep_gpu, ColocationConfig, EngineProfile, MeasuredColocation, Point,
+    ProfileConfig, Profiler,
 };
 use mosaic_engine::models::{self, Model, Recipe};
-use mosaic_engine::{Compute, Device, Schedule, StepReport, TrainConfig, Trainer};
+use mosaic_engine::{Compute, Device, EngineError, Schedule, StepReport, TrainConfig, Trainer};
 use mosaic_kit::stats::median;
 use mosaic_plan::{solve, Plan, SolveOptions};
 use mosaic_profile::{Interference, PerfModel, ProfileFile};
@@ -39,7 +40,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::commands::engine::{engine, one_process, set_engine_env, size_factor};
-use crate::commands::measure::WARMUP;
+use crate::commands::measure::{colocation_line, point_line, WARMUP};
 use crate::input::BadInput;
 
 /// Arguments of `mosaic bench engine`.
@@ -298,11 +299,27 @@ fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<(Plan, Fitted)
     // The planner reads times and bandwidth utilisations; on the CPU the host's STREAM
     // bandwidth scales the latter (a short run does).
     let host = measure_machine(16, 1).map_err(engine)?;
+    // Each point and colocation as it is measured (a run cut short still shows them).
+    let point = |p: &Point| {
+        eprintln!(
+            "  {}",
+            point_line(
+                p,
+                if args.device == "cuda" {
+                    "SM"
+                } else {
+                    "thread"
+                }
+            )
+        )
+    };
+    let sample =
+        |i: usize, s: &MeasuredColocation| eprintln!("  [{}] {}", i + 1, colocation_line(s));
     let (profile, draws, colocations) = if args.device == "cuda" {
-        let profile = sweep_gpu(name, config.clone(), host.clone(), 0, |_| {}).map_err(engine)?;
+        let profile = sweep_gpu(name, config.clone(), host.clone(), 0, point).map_err(engine)?;
         let draws = draws(&profile);
         let (gpu, measured) =
-            colocations_gpu(name, config.clone(), host, 0, &draws, |_, _| {}).map_err(engine)?;
+            colocations_gpu(name, config.clone(), host, 0, &draws, sample).map_err(engine)?;
         let source = gpu_colocation_source(&gpu, name, &config, &draws);
         (
             profile,
@@ -311,14 +328,14 @@ fn plan_measured(name: &str, batch: usize, args: &Args) -> Result<(Plan, Fitted)
         )
     } else {
         let profiler = Profiler::new(name, config, host).map_err(engine)?;
-        let profile = profiler.sweep(|_| {}).map_err(engine)?;
+        let profile = profiler.sweep(point).map_err(engine)?;
         if profiler.quotas().len() < 2 {
             // One core: no two modules can share it, so no plan co-locates any.
             let plan = plan_on(&profile_file(&profile), name)?;
             return Ok((plan, Fitted::none()));
         }
         let draws = draws(&profile);
-        let measured = profiler.colocations(&draws, |_, _| {}).map_err(engine)?;
+        let measured = profiler.colocations(&draws, sample).map_err(engine)?;
         let source = profiler.colocation_source(&draws);
         let machine = &profiler.machine().name;
         (profile, draws, colocation_file(machine, &measured, source))
@@ -345,6 +362,15 @@ fn plan_on(file: &ProfileFile, name: &str) -> Result<Plan> {
     solve(&perf, 1, &SolveOptions::default()).with_context(|| format!("planning {name} on one GPU"))
 }
 
+/// An error training one row: a schedule that does not fit the device is that row's failure
+/// here (for `mosaic train` it is the user's plan, exit code 2), so the other rows still run.
+fn row_failure(e: EngineError) -> anyhow::Error {
+    match e {
+        EngineError::DeviceMemory { .. } => e.into(),
+        e => engine(e),
+    }
+}
+
 /// Medians over `steps` timed steps of `schedule`, after two warm-up steps.
 fn time(
     model: Model,
@@ -358,12 +384,12 @@ fn time(
         compute,
         ..TrainConfig::default()
     };
-    let mut trainer = Trainer::new(model, schedule, config).map_err(engine)?;
+    let mut trainer = Trainer::new(model, schedule, config).map_err(row_failure)?;
     for _ in 0..2 {
-        trainer.step().map_err(engine)?;
+        trainer.step().map_err(row_failure)?;
     }
     let reports = (0..steps)
-        .map(|_| trainer.step().map_err(engine))
+        .map(|_| trainer.step().map_err(row_failure))
         .collect::<Result<Vec<StepReport>>>()?;
     let recomputing = trainer
         .recomputing()
@@ -616,6 +642,21 @@ mod tests {
     use mosaic_plan::Assignment;
 
     use super::*;
+
+    /// A row whose schedule does not fit the device fails alone; a bad setting ends the run.
+    #[test]
+    fn only_bad_input_ends_the_benchmark() {
+        let memory = EngineError::DeviceMemory {
+            device: 0,
+            message: "vision needs 90 GiB".into(),
+        };
+        assert!(row_failure(memory).downcast_ref::<BadInput>().is_none());
+        let setting = EngineError::BadSetting {
+            setting: "--batch".into(),
+            message: "0".into(),
+        };
+        assert!(row_failure(setting).downcast_ref::<BadInput>().is_some());
+    }
 
     /// A step whose stages hold `(module, forward ms, backward ms)`, `step_ms` long.
     fn step(step_ms: f64, stages: &[&[(&str, f64, f64)]]) -> StepReport {

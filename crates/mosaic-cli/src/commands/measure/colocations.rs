@@ -115,7 +115,7 @@ fn summarise(measured: &[MeasuredColocation], out: &std::path::Path, on_cpu: boo
 }
 
 /// One colocation as a progress line.
-fn colocation_line(s: &MeasuredColocation) -> String {
+pub(crate) fn colocation_line(s: &MeasuredColocation) -> String {
     let line = s
         .modules
         .iter()

@@ -14,6 +14,8 @@ use mosaic_engine::models::Recipe;
 use mosaic_engine::{models, Device};
 
 use super::engine::{engine, one_process, set_engine_env, size_factor};
+pub(crate) use colocations::colocation_line;
+pub(crate) use profile::point_line;
 
 /// Untimed iterations before the timed ones of every measurement.
 pub(crate) const WARMUP: usize = 2;

@@ -168,7 +168,7 @@ fn machine() -> Result<Machine> {
 }
 
 /// One grid point as a progress line; `unit` names the slot's cores (thread, SM).
-fn point_line(p: &Point, unit: &str) -> String {
+pub(crate) fn point_line(p: &Point, unit: &str) -> String {
     let t = &p.parts;
     format!(
         "{} dp {} quota {:.2} ({} {unit}{}, {} sample{}): {:.3} ms (forward {:.3}, backward \
