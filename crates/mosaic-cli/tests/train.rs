@@ -308,6 +308,8 @@ fn bench_engine_measures_the_plan_against_one_after_another() {
                 assert!(m["slot_ms"].as_f64().unwrap() > 0.0, "{stage}");
                 // Measured in its slot with no neighbour too.
                 assert!(m["isolated_ms"].as_f64().unwrap() > 0.0, "{stage}");
+                // On the CPU both trainers launch every module alike (op by op).
+                assert_eq!(m["launched_alike"], true, "{stage}");
             }
             // On the CPU nothing is replayed from a CUDA graph.
             assert_eq!(r["graphed"]["mosaic"], serde_json::json!([]), "{r}");

@@ -146,6 +146,10 @@ struct SharedModule {
     /// `slot_ms / isolated_ms` is what its neighbours cost it, `isolated_ms / alone_ms` what
     /// its share of the SMs does.
     isolated_ms: f64,
+    /// Whether it was launched alike with neighbours and without (replayed from CUDA graphs
+    /// in both or neither, recomputing in both or neither), as the two trainers decide each
+    /// for itself: where not, `slot_ms / isolated_ms` mixes its neighbours' cost with that.
+    launched_alike: bool,
     /// Forward plus backward pass alone on the whole device, in ms.
     alone_ms: f64,
 }
@@ -461,6 +465,7 @@ fn shared_stages(
     alone: &Timed,
 ) -> Vec<SharedStage> {
     let of = |t: &Timed, name: &str| t.modules.get(name).copied().unwrap_or(f64::NAN);
+    let how = |t: &Timed, name: &String| (t.graphed.contains(name), t.recomputing.contains(name));
     (schedule.stages.iter().zip(&by_plan.stages))
         .filter(|(stage, _)| stage.len() > 1)
         .map(|(stage, &colocated_ms)| {
@@ -471,6 +476,7 @@ fn shared_stages(
                     sm: p.assignment.sm,
                     slot_ms: of(by_plan, &p.name),
                     isolated_ms: of(isolated, &p.name),
+                    launched_alike: how(by_plan, &p.name) == how(isolated, &p.name),
                     alone_ms: of(alone, &p.name),
                 })
                 .collect();
@@ -612,13 +618,18 @@ fn describe_stage(stage: &SharedStage) -> String {
     let modules: Vec<String> = (stage.modules.iter())
         .map(|m| {
             format!(
-                "{} {:.1}/{:.1} ms {:.2} ({:.2}; neighbours {:.2}, share {:.2})",
+                "{} {:.1}/{:.1} ms {:.2} ({:.2}; neighbours {:.2}{}, share {:.2})",
                 m.name,
                 m.slot_ms,
                 m.alone_ms,
                 m.slot_ms / m.alone_ms,
                 1.0 / m.sm,
                 m.slot_ms / m.isolated_ms,
+                if m.launched_alike {
+                    ""
+                } else {
+                    " launched otherwise"
+                },
                 m.isolated_ms / m.alone_ms
             )
         })
