@@ -2,10 +2,12 @@
 // 16-byte copy from global to this block's shared memory (16 zero bytes where the source is not
 // valid), `cp_async_commit` closes the thread's group of queued copies, and
 // `cp_async_wait<n>` lands the thread's oldest groups until at most n are pending, as PTX's
-// `cp.async.wait_group` waits for them. A copy lands only there, so a kernel that reads a tile
-// before waiting for it reads what was there before (at first NaN) and fails its check, as it
-// could on a GPU; a thread that ends with copies pending, or a destination that is not 16
-// aligned bytes of shared memory, stops the program.
+// `cp.async.wait_group` waits for them. A copy lands only there, and its destination turns to
+// NaN as it is issued: a kernel that reads a tile before waiting for it, or overwrites a tile
+// other warps still read (a barrier missing between the last reads of a stage and the next
+// copies into it), reads NaN and fails its check, as it could on a GPU, where the copy may land
+// at any time in between. A thread that ends with copies pending, a destination that is not 16
+// aligned bytes of shared memory, or a source that is not 16-byte aligned, stops the program.
 #pragma once
 
 #include "cuda_bf16.h"
@@ -45,6 +47,11 @@ inline void cp_async16(__nv_bfloat16 *dst, const __nv_bfloat16 *src, bool valid)
         std::fprintf(stderr, "cp.async: %p is not 16 aligned bytes of shared memory\n", static_cast<void *>(dst));
         std::abort();
     }
+    if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+        std::fprintf(stderr, "cp.async: the source %p is not 16-byte aligned\n", static_cast<const void *>(src));
+        std::abort();
+    }
+    std::memset(dst, 0xFF, 16);  // bf16 NaN until the copy lands
     emu::async_copies.open.push_back({dst, valid ? src : nullptr});
 }
 

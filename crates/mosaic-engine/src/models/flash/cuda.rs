@@ -139,7 +139,7 @@ impl CustomOp2 for Flash {
                 &shape,
                 storage_address(qkv, qkv_layout, &stream)?,
                 storage_address(bias, bias_layout, &stream)?,
-            );
+            )?;
             let o_at = storage_address(&o, &Layout::contiguous(&out_shape), &stream)?;
             let lse_at = address(&lse, &stream)?;
             let ld_o = shape.ld_o();
@@ -199,14 +199,19 @@ struct Operands {
 }
 
 impl Operands {
-    /// From the product's and the bias's device addresses.
-    fn of(shape: &Dims, qkv_at: u64, bias_at: u64) -> Operands {
+    /// From the product's and the bias's device addresses; an error where the product is not
+    /// 16-byte aligned, as the kernels' 16-byte loads of it need (every row and head then is:
+    /// `d` is a multiple of 16).
+    fn of(shape: &Dims, qkv_at: u64, bias_at: u64) -> Result<Operands> {
+        if !qkv_at.is_multiple_of(16) {
+            bail!("fused attention: the product lies at {qkv_at:#x}, not 16-byte aligned")
+        }
         let head_row = shape.heads * shape.d; // a third of a row: q, k or v of every head
-        Operands {
+        Ok(Operands {
             qkv: thirds(qkv_at, head_row * 2),
             bias: thirds(bias_at, head_row * 4),
             ld_qkv: shape.ld_qkv(),
-        }
+        })
     }
 
     /// Pushes them, in the kernels' order (three bf16 addresses, three f32 addresses, an i32).
@@ -334,7 +339,7 @@ fn backward(
 
     let smem = backward_smem(d);
     let func = kernel(dev, &ATTENTION, &format!("mosaic_flash_backward_{d}"), smem)?;
-    let operands = Operands::of(&shape, at(&qkv)?, at(&bias)?);
+    let operands = Operands::of(&shape, at(&qkv)?, at(&bias)?)?;
     let [dq_at, dk_at, dv_at] = thirds(at(&dqkv)?, heads * d * 2);
     let (lse_at, dq32_at) = (at(lse)?, at(&dq32)?);
     let (ld_qkv, ld_o) = (shape.ld_qkv(), shape.ld_o());
