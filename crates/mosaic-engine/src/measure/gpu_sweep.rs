@@ -59,6 +59,9 @@ pub fn sweep_gpu(
     use crate::runtime::slot::cuda::Binding;
 
     let (gpu, nvml, info) = open(ordinal)?;
+    // What an earlier run in this process left in the pool goes back first (`bench engine`
+    // sweeps after training).
+    crate::runtime::memory::release_pool(&[], ordinal);
     let mut points = Vec::new();
     let mut profile = None;
     for sms in gpu_sm_grid(info.sms, info.partition) {
