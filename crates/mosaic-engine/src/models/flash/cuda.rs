@@ -9,34 +9,14 @@ use candle_core::cuda_backend::cudarc::driver::{LaunchArgs, LaunchConfig, PushKe
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
+use super::geometry::{backward_smem, forward_smem, HEAD_DIMS, THREADS, TILE};
 use crate::kernels::bias::column_sums;
 use crate::kernels::{
     address, cuda_device, kernel, kernel_output, storage_address, uninit_storage, ATTENTION,
 };
 
-/// Rows of queries (forward) or keys (backward) a block takes: the kernels' `TILE`.
-const TILE: usize = 64;
-/// Threads a block: the kernels' `THREADS` (four warps).
-const THREADS: u32 = 128;
 /// Most batch × heads a launch takes: a grid's y dimension, a (sample, head) per block row.
 const MAX_HEADS: usize = 65_535;
-/// The head dimensions compiled (`FLASH_KERNELS` in the kernel source).
-const HEAD_DIMS: [usize; 8] = [16, 32, 48, 64, 80, 96, 112, 128];
-
-/// Elements a shared-memory tile's rows are padded by: the kernels' `PAD`.
-const PAD: usize = 8;
-
-/// Dynamic shared memory of the forward kernel for head dimension `d` (a Q tile and two stages
-/// of K and V tiles): `FWD_SMEM`.
-fn forward_smem(d: usize) -> u32 {
-    (5 * TILE * (d + PAD) * 2) as u32
-}
-
-/// Dynamic shared memory of the backward kernel for head dimension `d` (K, V, Q and dO tiles,
-/// dSᵀ, a query tile's lse and row dots): `BWD_SMEM`.
-fn backward_smem(d: usize) -> u32 {
-    (4 * TILE * (d + PAD) * 2 + TILE * (TILE + PAD) * 2 + 2 * TILE * 4) as u32
-}
 
 /// Whether the kernels run attention of this `[batch, tokens, 3, heads, d]` product with this
 /// bias: bf16 on a CUDA device, with a head dimension they were compiled for and at most

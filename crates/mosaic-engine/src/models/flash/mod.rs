@@ -30,3 +30,4 @@ pub fn attention(qkv: &Tensor, bias: &Tensor, causal: bool) -> Result<Option<Ten
 pub(crate) mod check;
 #[cfg(mosaic_gpu)]
 pub(crate) mod cuda;
+mod geometry;
