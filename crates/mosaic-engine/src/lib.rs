@@ -58,6 +58,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod emulated;
 mod error;
 #[cfg(mosaic_gpu)]
 mod kernels;

@@ -4,7 +4,7 @@
 // the engine hands the kernels (q, k, v as the qkv projection writes them, its bias added by the
 // kernels), for head dimensions 16 to 128, token counts below, at and past a tile (64), causal
 // or not, one or more samples and heads. Prints one line a case and exits 1 if any misses its
-// bound. Built and run by `tests/kernels.rs`.
+// bound. Built and run by `src/emulated.rs`.
 #include "../attention.cu"
 #include "check.h"
 

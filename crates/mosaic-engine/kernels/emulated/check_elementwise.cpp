@@ -4,7 +4,7 @@
 // bf16; GELU's (in f32 and in bf16; the derivative itself checked against a central difference
 // of GELU), and a bias added to a bf16 product (alone, with a residual connection, and under
 // GELU, forward and backward) and its gradient summed over the rows. Prints one line a case and
-// exits 1 if any misses its bound. Built and run by `tests/kernels.rs`.
+// exits 1 if any misses its bound. Built and run by `src/emulated.rs`.
 #include "../elementwise.cu"
 #include "check.h"
 

@@ -1,5 +1,5 @@
 // A CPU emulation of the CUDA features the engine's kernels use, so that their source runs
-// under g++ in tests where no GPU is (`tests/kernels.rs`): one std::thread per CUDA thread of
+// under g++ in tests where no GPU is (`src/emulated.rs`): one std::thread per CUDA thread of
 // a block, blocks one after another; __syncthreads and __syncwarp are barriers of the block's
 // and the warp's threads; warp shuffles go through a per-warp exchange; bf16 is a 16-bit value
 // rounded to nearest even, as __float2bfloat16 does. The tensor-core instructions are in `mma.h`.

@@ -3,7 +3,7 @@
 //! addresses), and the ops built on them: LayerNorm and GELU ([`elementwise`]) and a Linear
 //! layer's bias ([`bias`]); fused attention's are in `models::flash`, AdamW's in
 //! `runtime::optim`. `kernels/emulated/` runs their source on a CPU for the tests
-//! (`tests/kernels.rs`).
+//! (`src/emulated.rs`).
 
 pub mod bias;
 pub mod elementwise;

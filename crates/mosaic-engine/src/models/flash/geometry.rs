@@ -28,17 +28,13 @@ pub(super) fn backward_smem(d: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-    use std::process::Command;
+    use crate::emulated;
 
     /// The figures above are the kernel source's, at every head dimension compiled.
     #[test]
     fn launches_ask_for_what_the_kernels_use() {
-        let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
-        let dir =
-            std::env::temp_dir().join(format!("mosaic-flash-geometry-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let program = dir.join("geometry.cpp");
+        let dir = emulated::scratch("flash-geometry");
+        let (program, exe) = (dir.join("geometry.cpp"), dir.join("geometry"));
         let dims = HEAD_DIMS.map(|d| d.to_string()).join(", ");
         std::fs::write(
             &program,
@@ -50,24 +46,8 @@ mod tests {
             ),
         )
         .unwrap();
-        let exe = dir.join("geometry");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let built = Command::new(&cxx)
-            .args(["-std=c++20", "-pthread", "-I"])
-            .arg(&kernels)
-            .arg("-I")
-            .arg(kernels.join("emulated"))
-            .arg(&program)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .unwrap_or_else(|e| panic!("could not run {cxx} (a C++20 compiler): {e}"));
-        assert!(
-            built.status.success(),
-            "{}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        let out = Command::new(&exe).output().unwrap();
+        emulated::build(&program, &exe);
+        let out = std::process::Command::new(&exe).output().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let out = String::from_utf8(out.stdout).unwrap();
         let mut lines = out.lines();
