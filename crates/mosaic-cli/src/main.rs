@@ -83,7 +83,11 @@ fn main() -> ExitCode {
         output_failed("stdout", &e.to_string());
     }
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            #[cfg(feature = "mpi")]
+            mosaic_engine::Mpi::end(0);
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {}", clip_message(&e.to_string()));
             for cause in e.chain().skip(1) {
@@ -106,7 +110,11 @@ fn main() -> ExitCode {
                             | mosaic_plan::PlanError::TooManyGpus { .. }
                     )
                 );
-            ExitCode::from(if bad_input { 2 } else { 1 })
+            let code = if bad_input { 2 } else { 1 };
+            // A rank of an `mpirun` job ends them all: the others may wait for it.
+            #[cfg(feature = "mpi")]
+            mosaic_engine::Mpi::end(i32::from(code));
+            ExitCode::from(code)
         }
     }
 }

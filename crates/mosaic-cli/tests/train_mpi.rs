@@ -346,3 +346,57 @@ fn ranks_on_one_machine_are_checked_against_its_memory_together() {
     );
     assert!(e.contains("the other rank on this machine needs"), "{e}");
 }
+
+/// A rank that fails where the others go on (here rank 1 alone is handed a plan for another
+/// model) ends the whole job with its error: returning, it would wait in `MPI_Finalize` for
+/// rank 0, which waits for it in the trainer's first collective, and the job would hang.
+#[test]
+fn a_rank_that_fails_alone_ends_the_job() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let d = dir("failing-rank");
+    let omni = d.join("omni.json");
+    let o = mosaic(
+        None,
+        &[
+            "train",
+            "template",
+            "--model",
+            "omni-tiny",
+            "--out",
+            s(&omni),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bin = env!("CARGO_BIN_EXE_mosaic");
+    let train = ["train", "--model", "clip-tiny", "--steps", "100"];
+    // One job, two programs (OpenMPI's MPMD form): rank 0 as given, rank 1 with the wrong plan.
+    let mut job = Command::new("mpirun")
+        .args(["--oversubscribe", "-np", "1", bin])
+        .args(train)
+        .args([":", "-np", "1", bin])
+        .args(train)
+        .args(["--plan", s(&omni)])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun (openmpi-bin) is installed");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            job.kill().ok();
+            panic!("the job still runs 60 s after rank 1 failed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut e = String::new();
+    std::io::Read::read_to_string(&mut job.stderr.take().unwrap(), &mut e).unwrap();
+    assert_eq!(status.code(), Some(2), "{e}");
+    assert!(e.contains("error:") && e.contains("omni-tiny"), "{e}");
+}

@@ -475,7 +475,8 @@ pub(crate) fn fit_or_recompute(
     };
     let mut recomputing = Vec::new();
     // Another rank may be waiting in a collective of the failed step, which a second try
-    // would answer out of order: with several ranks the run stops (and mpirun stops them all).
+    // would answer out of order: with several ranks the run stops (and its error ends every rank:
+    // `Mpi::end`).
     let mut untried: Vec<&Module> = if ranks == 1 {
         model.modules.iter().collect()
     } else {

@@ -19,14 +19,20 @@ const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK
 /// MPI is initialised with `MPI_THREAD_MULTIPLE`, since the modules of a stage all-reduce from
 /// their own slots at the same time. Each module's communicator is used by that module's job
 /// only, and the world communicator by the trainer's thread only, between stages.
+///
+/// MPI lives as long as the process: [`Mpi::end`] finalises it, or ends the whole job, as the
+/// process exits.
 pub struct Mpi {
-    // Fields drop in order: the communicators are freed before the universe finalises MPI.
     groups: Vec<Option<SimpleCommunicator>>,
     world: SimpleCommunicator,
     rank: usize,
     size: usize,
-    _universe: Universe,
 }
+
+/// MPI's universe from [`Mpi::launched`] until [`Mpi::end`]: not a trainer's, whose drop on an
+/// error would finalise MPI, which OpenMPI does only with every rank, while the others wait for
+/// this one in a collective (a hung job).
+static UNIVERSE: std::sync::Mutex<Option<Universe>> = std::sync::Mutex::new(None);
 
 // SAFETY: MPI runs with MPI_THREAD_MULTIPLE (checked in `Mpi::launched`), so its calls may come
 // from any thread; the handles are plain identifiers, and the trainer never uses one
@@ -36,6 +42,20 @@ unsafe impl Send for Mpi {}
 unsafe impl Sync for Mpi {}
 
 impl Mpi {
+    /// Ends MPI as the process exits with `code`, where [`Mpi::launched`] started it: a
+    /// failure (`code` ≠ 0) in a job of more than one rank ends every rank with it
+    /// (`MPI_Abort`), since the others may wait for this one in a collective; else MPI is
+    /// finalised, as every rank does at the end of a run.
+    pub fn end(code: i32) {
+        let universe = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(universe) = universe else { return };
+        let world = universe.world();
+        if code != 0 && world.size() > 1 {
+            world.abort(code);
+        }
+        drop(universe);
+    }
+
     /// MPI, if this process was started by an MPI launcher (`mpirun`, `mpiexec`, `srun`);
     /// `None` otherwise, so that a plain run never initialises MPI.
     pub fn launched() -> Result<Option<Mpi>, EngineError> {
@@ -56,12 +76,12 @@ impl Mpi {
             )));
         }
         let world = universe.world();
+        *UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(universe);
         Ok(Some(Mpi {
             groups: Vec::new(),
             rank: world.rank() as usize,
             size: world.size() as usize,
             world,
-            _universe: universe,
         }))
     }
 
