@@ -33,6 +33,33 @@ pub(crate) fn needs_gpu_build(doing: &str) -> EngineError {
     }
 }
 
+/// Threads a GPU run needs in rayon's global pool, whose tasks launch a stage's modules (a GPU
+/// slot has no thread of its own), one a module of the widest stage, and which rayon sizes by
+/// the `cores` this process may run on.
+fn launchers(schedule: &Schedule, cores: usize) -> usize {
+    let widest = schedule.stages.iter().map(Vec::len).max().unwrap_or(1);
+    cores.max(widest)
+}
+
+/// Makes rayon's global pool hold [`launchers`] threads, if it does not exist yet; else says
+/// where it holds fewer. `mpirun` binds each rank to one core by default, and with one thread
+/// a stage's modules would launch one after another.
+#[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))]
+fn launching_threads(schedule: &Schedule) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let needed = launchers(schedule, cores);
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(needed)
+        .build_global();
+    if built.is_err() && rayon::current_num_threads() < needed {
+        eprintln!(
+            "warning: {} thread(s) launch the GPU's modules, where a stage has {needed}: its \
+             modules take turns (under mpirun, start it with --bind-to none)",
+            rayon::current_num_threads()
+        );
+    }
+}
+
 /// The error of a build without GPU compute.
 #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
 pub(crate) fn place(
@@ -73,6 +100,7 @@ pub(crate) fn place(
     }
     crate::kernels::KERNELS.check()?;
     super::graphed::GRAPHS.check()?;
+    launching_threads(schedule);
     let gpu = GpuDevice::open(ordinal)?;
     super::memory::weights_fit(&model, ordinal)?;
     let n = model.modules.len();
@@ -122,4 +150,27 @@ pub(crate) fn place(
         devices,
         model: placed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One launching thread a module of the widest stage, at least, whatever the cores.
+    #[test]
+    fn a_gpu_run_launches_each_module_of_a_stage_from_a_thread() {
+        let model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+        let one_by_one = Schedule::sequential(&model, 1);
+        assert_eq!(launchers(&one_by_one, 1), 1);
+        assert_eq!(launchers(&one_by_one, 8), 8);
+        let together = Schedule {
+            stages: vec![one_by_one.stages.concat()],
+            ..one_by_one.clone()
+        };
+        assert_eq!(
+            launchers(&together, 1),
+            3,
+            "clip-tiny's three modules in one stage"
+        );
+    }
 }
