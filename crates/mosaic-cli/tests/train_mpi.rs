@@ -203,6 +203,22 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// How `job` ended, which must be within `secs` seconds of `what` (else it is killed and the
+/// test fails: a hung job).
+fn ended_within(job: &mut std::process::Child, secs: u64, what: &str) -> std::process::ExitStatus {
+    let since = std::time::Instant::now();
+    loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            return status;
+        }
+        if since.elapsed() > std::time::Duration::from_secs(secs) {
+            job.kill().ok();
+            panic!("the job still runs {secs} s after {what}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// One rank killed with SIGKILL mid-run: the other stops within seconds (mpirun aborts the
 /// job, never a hang), and rerunning resumes from the last checkpoint on the uninterrupted
 /// run's loss curve, bit for bit.
@@ -246,16 +262,7 @@ fn a_killed_rank_stops_the_run_and_it_resumes() {
         .unwrap();
     // Drain what rank 0 still prints, so that it never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    let status = loop {
-        if let Some(status) = job.try_wait().unwrap() {
-            break status;
-        }
-        if killed.elapsed() > Duration::from_secs(30) {
-            job.kill().ok();
-            panic!("the job still runs 30 s after a rank was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = ended_within(&mut job, 30, "a rank was killed");
     assert!(!status.success());
     assert!(
         killed.elapsed() < Duration::from_secs(10),
@@ -353,7 +360,6 @@ fn ranks_on_one_machine_are_checked_against_its_memory_together() {
 #[test]
 fn a_rank_that_fails_alone_ends_the_job() {
     use std::process::Stdio;
-    use std::time::{Duration, Instant};
 
     let d = dir("failing-rank");
     let omni = d.join("omni.json");
@@ -384,17 +390,7 @@ fn a_rank_that_fails_alone_ends_the_job() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("mpirun (openmpi-bin) is installed");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = job.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            job.kill().ok();
-            panic!("the job still runs 60 s after rank 1 failed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = ended_within(&mut job, 60, "rank 1 failed");
     let mut e = String::new();
     std::io::Read::read_to_string(&mut job.stderr.take().unwrap(), &mut e).unwrap();
     assert_eq!(status.code(), Some(2), "{e}");
