@@ -242,7 +242,8 @@ fn train(args: &RunArgs) -> Result<()> {
         },
         compute: match args.device {
             DeviceArg::Cpu => Compute::Cpu,
-            DeviceArg::Cuda => Compute::Cuda(local_rank()?),
+            // The GPU of this rank's index on its machine, as NCCL picks it.
+            DeviceArg::Cuda => Compute::Cuda(collective.node().0),
         },
         ..TrainConfig::default()
     };
@@ -579,20 +580,6 @@ enum DeviceArg {
     Cpu,
     /// Green-context slots on this rank's GPU.
     Cuda,
-}
-
-/// This process's rank on its node (OpenMPI's `OMPI_COMM_WORLD_LOCAL_RANK`; 0 without
-/// `mpirun`): the GPU it trains on.
-fn local_rank() -> Result<usize> {
-    match std::env::var("OMPI_COMM_WORLD_LOCAL_RANK") {
-        Err(_) => Ok(0),
-        Ok(v) => v.parse().map_err(|_| {
-            BadInput(format!(
-                "OMPI_COMM_WORLD_LOCAL_RANK: expected this rank's index on its node, got {v:?}"
-            ))
-            .into()
-        }),
-    }
 }
 
 /// How the ranks of an `mpirun` run sum gradients (`--collective`).

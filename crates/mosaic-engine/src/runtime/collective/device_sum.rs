@@ -45,8 +45,7 @@ impl candle_core::CustomOp1 for DeviceSum<'_> {
         if here != there {
             candle_core::bail!(
                 "the gradients are on CUDA device {here} and this rank's NCCL communicator on \
-                 device {there}: start the ranks with OpenMPI's mpirun, which sets \
-                 OMPI_COMM_WORLD_LOCAL_RANK, the one variable both read"
+                 device {there}, where both are the rank's index on its machine"
             )
         }
         let send = bucket.as_cuda_slice::<f32>()?.slice(start..end);

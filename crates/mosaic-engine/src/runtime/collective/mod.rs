@@ -56,6 +56,12 @@ pub trait Collective: Send + Sync {
     /// The number of ranks.
     fn world(&self) -> usize;
 
+    /// This rank's place on its machine: its index among the ranks there, and their count. A
+    /// GPU run trains on the GPU of that index. One process: (0, 1).
+    fn node(&self) -> (usize, usize) {
+        (0, 1)
+    }
+
     /// Creates one communication group per module: `groups[m]` lists, ascending, the ranks
     /// holding replicas of module `m`. Called once, by every rank, before the first step.
     fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError>;

@@ -27,6 +27,8 @@ pub struct Mpi {
     world: SimpleCommunicator,
     rank: usize,
     size: usize,
+    /// See [`Collective::node`].
+    node: (usize, usize),
 }
 
 /// MPI's universe from [`Mpi::launched`] until [`Mpi::end`]: not a trainer's, whose drop on an
@@ -77,11 +79,16 @@ impl Mpi {
         }
         let world = universe.world();
         *UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(universe);
+        // The ranks sharing this one's memory, so its machine (MPI_Comm_split_type), whatever
+        // the launcher: OpenMPI's mpirun, MPICH's, srun.
+        let here = world.split_shared(world.rank());
+        let node = (here.rank() as usize, here.size() as usize);
         Ok(Some(Mpi {
             groups: Vec::new(),
             rank: world.rank() as usize,
             size: world.size() as usize,
             world,
+            node,
         }))
     }
 
@@ -127,6 +134,10 @@ impl Collective for Mpi {
 
     fn world(&self) -> usize {
         self.size
+    }
+
+    fn node(&self) -> (usize, usize) {
+        self.node
     }
 
     fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError> {

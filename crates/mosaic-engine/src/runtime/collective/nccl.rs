@@ -33,11 +33,6 @@ use super::{Collective, Mpi};
 use crate::error::EngineError;
 use crate::runtime::slot::cuda::driver_unavailable;
 
-/// The variable OpenMPI sets to a rank's index among the ranks of its node.
-const LOCAL_RANK_VAR: &str = "OMPI_COMM_WORLD_LOCAL_RANK";
-/// The variable OpenMPI sets to the number of ranks on a rank's node.
-const LOCAL_SIZE_VAR: &str = "OMPI_COMM_WORLD_LOCAL_SIZE";
-
 /// NCCL functions this module calls; all must be in the library before any is called (cudarc
 /// panics on a missing symbol). (The GPU build links NCCL, so it reads none.)
 #[cfg_attr(mosaic_gpu, allow(dead_code))]
@@ -127,40 +122,21 @@ fn nccl_unavailable() -> Option<String> {
         .map(|name| format!("the NCCL library lacks {name}"))
 }
 
-/// The GPU for a rank: its local rank (`local_rank`, the value of `OMPI_COMM_WORLD_LOCAL_RANK`
-/// if set, else the world rank), which must be below the device count: NCCL refuses a
-/// communicator in which two ranks share a GPU, so a node needs a GPU per rank it runs
-/// (`local_size`, the value of `OMPI_COMM_WORLD_LOCAL_SIZE` if set).
-fn device_for(
-    local_rank: Option<&str>,
-    local_size: Option<&str>,
-    world_rank: usize,
-    devices: usize,
-) -> Result<usize, String> {
+/// The GPU for the rank of index `rank` among the `ranks` of its machine
+/// ([`Collective::node`]): the `rank`'th, of `devices`. NCCL refuses a communicator in which
+/// two ranks share a GPU, so a machine needs a GPU per rank it runs.
+fn device_for((rank, ranks): (usize, usize), devices: usize) -> Result<usize, String> {
     if devices == 0 {
         return Err("the CUDA driver reports no device".into());
     }
-    let parse = |var: &str, v: &str| {
-        v.trim()
-            .parse::<usize>()
-            .map_err(|_| format!("{var}={v:?} is not a count of ranks"))
-    };
-    let local = match local_rank {
-        Some(v) => parse(LOCAL_RANK_VAR, v)?,
-        None => world_rank,
-    };
-    let ranks_here = match local_size {
-        Some(v) => parse(LOCAL_SIZE_VAR, v)?,
-        None => local + 1,
-    };
-    if ranks_here.max(local + 1) > devices {
+    let ranks = ranks.max(rank + 1);
+    if ranks > devices {
         return Err(format!(
-            "{} rank(s) on this node share {devices} GPU(s): NCCL needs a GPU per rank \
-             (start at most {devices} rank(s) per node)",
-            ranks_here.max(local + 1)
+            "{ranks} rank(s) on this node share {devices} GPU(s): NCCL needs a GPU per rank \
+             (start at most {devices} rank(s) per node)"
         ));
     }
-    Ok(local)
+    Ok(rank)
 }
 
 /// An id's bytes, to send over MPI.
@@ -173,8 +149,9 @@ fn id_from_bytes(bytes: &[u8; ID_BYTES]) -> Id {
     Id::uninit(bytes.map(|b| b as c_char))
 }
 
-/// Opens this rank's GPU, after checking the driver and NCCL are there.
-fn open_device(world_rank: usize) -> Result<Arc<CudaContext>, String> {
+/// Opens the GPU of the rank at `node` ([`Collective::node`]), after checking the driver and
+/// NCCL are there.
+fn open_device(node: (usize, usize)) -> Result<Arc<CudaContext>, String> {
     if let Some(why) = driver_unavailable() {
         return Err(format!("no usable CUDA driver or GPU: {why}"));
     }
@@ -182,14 +159,7 @@ fn open_device(world_rank: usize) -> Result<Arc<CudaContext>, String> {
         return Err(why);
     }
     let devices = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
-    let local_rank = std::env::var(LOCAL_RANK_VAR).ok();
-    let local_size = std::env::var(LOCAL_SIZE_VAR).ok();
-    let ordinal = device_for(
-        local_rank.as_deref(),
-        local_size.as_deref(),
-        world_rank,
-        usize::try_from(devices).unwrap_or(0),
-    )?;
+    let ordinal = device_for(node, usize::try_from(devices).unwrap_or(0))?;
     CudaContext::new(ordinal).map_err(|e| format!("opening CUDA device {ordinal}: {e}"))
 }
 
@@ -200,7 +170,7 @@ impl Nccl {
     /// names the ranks and this rank's reason.
     pub fn new(mpi: Mpi) -> Result<Nccl, EngineError> {
         let rank = mpi.rank();
-        let opened = open_device(rank);
+        let opened = open_device(mpi.node());
         let ok = mpi.all_gather(&[if opened.is_ok() { 1.0 } else { 0.0 }])?;
         let failed: Vec<usize> = (ok.iter().enumerate())
             .filter(|(_, v)| v.first() != Some(&1.0))
@@ -290,6 +260,10 @@ impl Collective for Nccl {
 
     fn world(&self) -> usize {
         self.mpi.world()
+    }
+
+    fn node(&self) -> (usize, usize) {
+        self.mpi.node()
     }
 
     fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError> {
@@ -400,27 +374,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gpu_is_the_local_rank() {
-        assert_eq!(device_for(Some("1"), Some("2"), 5, 4), Ok(1));
-        assert_eq!(device_for(Some(" 2\n"), None, 7, 4), Ok(2));
-        // Without a local rank, the world rank.
-        assert_eq!(device_for(None, None, 3, 4), Ok(3));
-        assert_eq!(device_for(None, None, 0, 1), Ok(0));
+    fn the_gpu_is_the_rank_on_its_machine() {
+        assert_eq!(device_for((1, 2), 4), Ok(1));
+        assert_eq!(device_for((0, 1), 1), Ok(0));
     }
 
     #[test]
-    fn ranks_sharing_a_gpu_no_device_or_a_bad_local_rank_are_errors() {
-        assert!(device_for(None, None, 0, 0)
-            .unwrap_err()
-            .contains("no device"));
-        let e = device_for(Some("0"), Some("2"), 0, 1).unwrap_err();
+    fn ranks_sharing_a_gpu_or_no_device_are_errors() {
+        assert!(device_for((0, 1), 0).unwrap_err().contains("no device"));
+        let e = device_for((0, 2), 1).unwrap_err();
         assert!(e.contains("2 rank(s) on this node share 1 GPU(s)"), "{e}");
-        let e = device_for(None, None, 4, 4).unwrap_err();
+        let e = device_for((4, 1), 4).unwrap_err();
         assert!(e.contains("5 rank(s)"), "{e}");
-        let e = device_for(Some("x1"), None, 0, 2).unwrap_err();
-        assert!(e.contains(LOCAL_RANK_VAR) && e.contains("x1"), "{e}");
-        let e = device_for(Some("0"), Some("-2"), 0, 2).unwrap_err();
-        assert!(e.contains(LOCAL_SIZE_VAR), "{e}");
     }
 
     #[test]
