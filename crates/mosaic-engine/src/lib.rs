@@ -76,6 +76,7 @@ pub use runtime::collective::Mpi;
 #[cfg(all(feature = "mpi", feature = "cuda"))]
 pub use runtime::collective::Nccl;
 pub use runtime::collective::{Collective, InProcess};
+pub use runtime::on_gpu::rank_gpu;
 pub use runtime::optim::{AdamW, AdamWConfig};
 pub use runtime::schedule::{sequential_plan, Placement, Schedule};
 pub use runtime::slot::{Slot, SlotMode, SlotPool};

@@ -16,8 +16,8 @@ use mosaic_engine::runtime::feed::{self, FeedConfig, FeedOptions};
 use mosaic_engine::runtime::memory::check_host_memory;
 use mosaic_engine::runtime::slot::cuda::Carving;
 use mosaic_engine::{
-    sequential_plan, AdamWConfig, Collective, Compute, Device, InProcess, Model, Schedule,
-    StepReport, TrainConfig, Trainer,
+    rank_gpu, sequential_plan, AdamWConfig, Collective, Compute, Device, InProcess, Model,
+    Schedule, StepReport, TrainConfig, Trainer,
 };
 use serde_json::json;
 
@@ -242,8 +242,8 @@ fn train(args: &RunArgs) -> Result<()> {
         },
         compute: match args.device {
             DeviceArg::Cpu => Compute::Cpu,
-            // The GPU of this rank's index on its machine, as NCCL picks it.
-            DeviceArg::Cuda => Compute::Cuda(collective.node().0),
+            // The GPU of this rank on its machine, as NCCL picks it.
+            DeviceArg::Cuda => Compute::Cuda(rank_gpu(collective.node()).map_err(engine)?),
         },
         ..TrainConfig::default()
     };

@@ -33,6 +33,24 @@ pub(crate) fn needs_gpu_build(doing: &str) -> EngineError {
     }
 }
 
+/// The CUDA device a rank at `node` ([`crate::Collective::node`]) trains on
+/// ([`super::collective::gpu_of`]); 0 for a run of one process. Where no device can be counted,
+/// the rank's index: opening it says why there is none.
+pub fn rank_gpu(node: (usize, usize)) -> Result<usize, EngineError> {
+    if node == (0, 1) {
+        return Ok(0);
+    }
+    match super::slot::cuda::device_count() {
+        Err(_) => Ok(node.0),
+        Ok(devices) => {
+            super::collective::gpu_of(node, devices).map_err(|message| EngineError::BadSetting {
+                setting: "--device cuda".into(),
+                message,
+            })
+        }
+    }
+}
+
 /// Threads a GPU run needs in rayon's global pool, whose tasks launch a stage's modules (a GPU
 /// slot has no thread of its own), one a module of the widest stage, and which rayon sizes by
 /// the `cores` this process may run on.

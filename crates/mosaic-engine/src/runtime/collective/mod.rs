@@ -85,6 +85,23 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, root: usize, buf: &mut [f32]) -> Result<(), EngineError>;
 }
 
+/// The GPU of the rank at `node` ([`Collective::node`]) on a machine where it sees `devices`:
+/// the one it sees where it sees one (a launcher gave each rank its own through
+/// `CUDA_VISIBLE_DEVICES`, as SLURM's `--gpus-per-task=1` does; where ranks do share it, NCCL
+/// says so), else the rank's index there, which needs a GPU per rank.
+pub fn gpu_of((rank, ranks): (usize, usize), devices: usize) -> Result<usize, String> {
+    let ranks = ranks.max(rank + 1);
+    match devices {
+        0 => Err("the CUDA driver reports no device".into()),
+        1 => Ok(0),
+        _ if ranks > devices => Err(format!(
+            "{ranks} rank(s) on this node share {devices} GPU(s): start at most {devices} \
+             rank(s) per node, or give each rank one GPU of its own (CUDA_VISIBLE_DEVICES)"
+        )),
+        _ => Ok(rank),
+    }
+}
+
 /// [`Collective::all_reduce_bucket`] through the host: the bucket copied out, summed by
 /// [`Collective::all_reduce_module`], copied back to its device.
 fn all_reduce_through_host<C: Collective + ?Sized>(
@@ -135,6 +152,23 @@ impl Collective for InProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_trains_on_the_gpu_of_its_index_or_the_one_it_sees() {
+        assert_eq!(gpu_of((1, 2), 4), Ok(1));
+        assert_eq!(gpu_of((0, 1), 1), Ok(0));
+        // Each rank given its own (CUDA_VISIBLE_DEVICES per rank).
+        assert_eq!(gpu_of((3, 4), 1), Ok(0));
+    }
+
+    #[test]
+    fn more_ranks_than_gpus_or_no_gpu_are_errors() {
+        assert!(gpu_of((0, 1), 0).unwrap_err().contains("no device"));
+        let e = gpu_of((0, 3), 2).unwrap_err();
+        assert!(e.contains("3 rank(s) on this node share 2 GPU(s)"), "{e}");
+        let e = gpu_of((4, 1), 4).unwrap_err();
+        assert!(e.contains("5 rank(s)"), "{e}");
+    }
 
     #[test]
     fn one_rank_is_the_identity() {

@@ -122,23 +122,6 @@ fn nccl_unavailable() -> Option<String> {
         .map(|name| format!("the NCCL library lacks {name}"))
 }
 
-/// The GPU for the rank of index `rank` among the `ranks` of its machine
-/// ([`Collective::node`]): the `rank`'th, of `devices`. NCCL refuses a communicator in which
-/// two ranks share a GPU, so a machine needs a GPU per rank it runs.
-fn device_for((rank, ranks): (usize, usize), devices: usize) -> Result<usize, String> {
-    if devices == 0 {
-        return Err("the CUDA driver reports no device".into());
-    }
-    let ranks = ranks.max(rank + 1);
-    if ranks > devices {
-        return Err(format!(
-            "{ranks} rank(s) on this node share {devices} GPU(s): NCCL needs a GPU per rank \
-             (start at most {devices} rank(s) per node)"
-        ));
-    }
-    Ok(rank)
-}
-
 /// An id's bytes, to send over MPI.
 fn id_bytes(id: &Id) -> [u8; ID_BYTES] {
     id.internal().map(|c| c as u8)
@@ -159,7 +142,7 @@ fn open_device(node: (usize, usize)) -> Result<Arc<CudaContext>, String> {
         return Err(why);
     }
     let devices = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
-    let ordinal = device_for(node, usize::try_from(devices).unwrap_or(0))?;
+    let ordinal = super::gpu_of(node, usize::try_from(devices).unwrap_or(0))?;
     CudaContext::new(ordinal).map_err(|e| format!("opening CUDA device {ordinal}: {e}"))
 }
 
@@ -372,21 +355,6 @@ impl Collective for Nccl {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_gpu_is_the_rank_on_its_machine() {
-        assert_eq!(device_for((1, 2), 4), Ok(1));
-        assert_eq!(device_for((0, 1), 1), Ok(0));
-    }
-
-    #[test]
-    fn ranks_sharing_a_gpu_or_no_device_are_errors() {
-        assert!(device_for((0, 1), 0).unwrap_err().contains("no device"));
-        let e = device_for((0, 2), 1).unwrap_err();
-        assert!(e.contains("2 rank(s) on this node share 1 GPU(s)"), "{e}");
-        let e = device_for((4, 1), 4).unwrap_err();
-        assert!(e.contains("5 rank(s)"), "{e}");
-    }
 
     #[test]
     fn an_id_survives_its_bytes() {

@@ -71,6 +71,20 @@ pub fn driver_unavailable() -> Option<String> {
     (count == 0).then(|| "the CUDA driver reports no device".to_string())
 }
 
+/// The CUDA devices this process sees (after `CUDA_VISIBLE_DEVICES`), or why none can be
+/// counted.
+pub fn device_count() -> Result<usize, String> {
+    driver().clone()?;
+    let mut count = 0;
+    // SAFETY: the driver is loaded and initialised (checked above); `count` is a valid out
+    // pointer.
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetCount: {}", describe(r)));
+    }
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
 /// Loads the driver library, checks every function the slots call is in it, and calls
 /// `cuInit` — once per process.
 pub(super) fn driver() -> &'static Result<(), String> {

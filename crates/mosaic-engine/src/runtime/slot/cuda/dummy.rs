@@ -9,6 +9,11 @@ pub fn driver_unavailable() -> Option<String> {
     Some("built without CUDA: green-context slots need mosaic-engine's `cuda` feature".to_string())
 }
 
+/// The CUDA devices this process sees: none can be counted without the `cuda` feature.
+pub fn device_count() -> Result<usize, String> {
+    Err(driver_unavailable().unwrap_or_default())
+}
+
 /// A green-context slot; without the `cuda` feature there is none (the type has no values).
 #[derive(Debug)]
 pub enum GpuSlot {}

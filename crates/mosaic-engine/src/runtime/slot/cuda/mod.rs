@@ -42,7 +42,7 @@ pub(crate) use device::Scratch;
 #[cfg(feature = "cuda")]
 pub use {
     device::GpuDevice,
-    driver::driver_unavailable,
+    driver::{device_count, driver_unavailable},
     green::{Current, GpuSlot},
     pool::{GpuSlotPool, StageSlots},
 };
@@ -50,4 +50,4 @@ pub use {
 #[cfg(not(feature = "cuda"))]
 mod dummy;
 #[cfg(not(feature = "cuda"))]
-pub use dummy::{driver_unavailable, GpuSlot};
+pub use dummy::{device_count, driver_unavailable, GpuSlot};
