@@ -29,6 +29,15 @@ fn mosaic(ranks: Option<usize>, args: &[&str]) -> Output {
         .expect("mpirun (openmpi-bin) is installed: the mpi feature needs OpenMPI")
 }
 
+/// `mosaic train template --model model --out out`: one process's default plan, written.
+fn template(model: &str, out: &Path) {
+    let o = mosaic(
+        None,
+        &["train", "template", "--model", model, "--out", s(out)],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// The step losses of a `--json-log` run, and its start event.
 fn run(o: &Output) -> (Value, Vec<f32>) {
     let text = String::from_utf8_lossy(&o.stdout);
@@ -290,18 +299,7 @@ fn a_killed_rank_stops_the_run_and_it_resumes() {
 fn a_plan_with_fewer_gpus_than_ranks_is_refused() {
     let d = dir("too-few");
     let plan = d.join("one.json");
-    let o = mosaic(
-        None,
-        &[
-            "train",
-            "template",
-            "--model",
-            "clip-tiny",
-            "--out",
-            s(&plan),
-        ],
-    );
-    assert!(o.status.success());
+    template("clip-tiny", &plan);
     let o = mosaic(
         Some(2),
         &["train", "--model", "clip-tiny", "--plan", s(&plan)],
@@ -363,18 +361,7 @@ fn a_rank_that_fails_alone_ends_the_job() {
 
     let d = dir("failing-rank");
     let omni = d.join("omni.json");
-    let o = mosaic(
-        None,
-        &[
-            "train",
-            "template",
-            "--model",
-            "omni-tiny",
-            "--out",
-            s(&omni),
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    template("omni-tiny", &omni);
     let bin = env!("CARGO_BIN_EXE_mosaic");
     let train = ["train", "--model", "clip-tiny", "--steps", "100"];
     // One job, two programs (OpenMPI's MPMD form): rank 0 as given, rank 1 with the wrong plan.

@@ -123,6 +123,13 @@ pub enum EngineError {
     },
 }
 
+/// What a panic said (its payload as text), where it said anything: candle and cudarc panic on
+/// some CUDA failures, which the engine turns into errors.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    (payload.downcast_ref::<String>().cloned())
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+}
+
 impl EngineError {
     /// True when the error is the user's input (exit code 2): a plan, a setting, a model name or
     /// a checkpoint of another run; false for failures while training.

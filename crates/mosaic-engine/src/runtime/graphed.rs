@@ -87,9 +87,7 @@ pub(crate) fn on_own_thread<T: Send>(
 ) -> std::result::Result<T, crate::EngineError> {
     std::thread::scope(|scope| {
         scope.spawn(work).join().unwrap_or_else(|panic| {
-            let said = (panic.downcast_ref::<String>().cloned())
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let said = crate::error::panic_text(&*panic).unwrap_or_default();
             Err(crate::EngineError::Cuda {
                 what: what.to_string(),
                 message: format!("its thread panicked: {said}"),
@@ -220,9 +218,7 @@ mod on_device {
     /// `f`'s result, or its panic as an error saying what it said.
     fn caught<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-            let what = (panic.downcast_ref::<String>().cloned())
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let what = crate::error::panic_text(&*panic).unwrap_or_default();
             Err(Error::Msg(format!("it panicked: {what}")))
         })
     }

@@ -113,9 +113,7 @@ fn outcome(name: &str, check: impl FnOnce() -> Res<(bool, String)>) -> GpuCheck 
 /// `f`'s result, or what it panicked with.
 fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        let why = (panic.downcast_ref::<String>().cloned())
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic".into());
+        let why = crate::error::panic_text(&*panic).unwrap_or_else(|| "a panic".into());
         format!("panicked: {why}")
     })
 }
