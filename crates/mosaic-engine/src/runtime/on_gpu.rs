@@ -78,6 +78,30 @@ fn launching_threads(schedule: &Schedule) {
     }
 }
 
+/// Refuses a GPU run whose stages' gradient sums start in one order
+/// ([`super::collective::Turns`], NCCL's) where rayon's global pool has fewer threads than a
+/// stage has modules: a module waiting for its turn would hold the thread that the one before
+/// it needs, and the run would hang.
+pub(crate) fn turns_can_be_taken(schedule: &Schedule) -> Result<(), EngineError> {
+    turns_can_be_taken_by(schedule, rayon::current_num_threads())
+}
+
+/// [`turns_can_be_taken`] with `threads` launching.
+fn turns_can_be_taken_by(schedule: &Schedule, threads: usize) -> Result<(), EngineError> {
+    let widest = launchers(schedule, 1);
+    if threads >= widest {
+        return Ok(());
+    }
+    Err(EngineError::BadSetting {
+        setting: "launching threads".into(),
+        message: format!(
+            "{threads} thread(s) launch the GPU's modules, where a stage has {widest} whose \
+             gradient sums NCCL starts in turn, so the run would hang (under mpirun, start it \
+             with --bind-to none)"
+        ),
+    })
+}
+
 /// The error of a build without GPU compute.
 #[cfg(not(all(feature = "cuda", mosaic_gpu)))]
 pub(crate) fn place(
@@ -189,6 +213,14 @@ mod tests {
             launchers(&together, 1),
             3,
             "clip-tiny's three modules in one stage"
+        );
+        // Sums started in turn need every module of a stage on a thread of its own.
+        assert!(turns_can_be_taken_by(&together, 3).is_ok());
+        assert!(turns_can_be_taken_by(&one_by_one, 1).is_ok());
+        let e = turns_can_be_taken_by(&together, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("2 thread(s) launch the GPU's modules, where a stage has 3"),
+            "{e}"
         );
     }
 }

@@ -40,7 +40,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::collective::buffers::{bucket, unbucket};
-use super::collective::{Collective, InProcess};
+use super::collective::{Collective, InProcess, Turn, Turns};
 use super::optim::{AdamW, AdamWConfig};
 use super::schedule::{Placement, Schedule};
 use super::slot::cuda::Carving;
@@ -327,6 +327,9 @@ impl Trainer {
             }
             Compute::Cuda(ordinal) => {
                 let mut gpu = super::on_gpu::place(model, &schedule, ordinal, config.slots)?;
+                if collective.sums_in_order() {
+                    super::on_gpu::turns_can_be_taken(&schedule)?;
+                }
                 // The host draws the next batch while the GPU trains on this one (on a CPU the
                 // slots' threads have every core).
                 if gpu.model.data.worth_drawing_ahead() {
@@ -630,13 +633,17 @@ impl Trainer {
         let mut param_grads: Vec<Vec<Tensor>> = vec![Vec::new(); n];
         for (si, stage) in self.schedule.stages.iter().enumerate().rev() {
             let t0 = Instant::now();
+            let turns = self.turns(stage);
             let results = self.run_stage(stage, |p| {
                 let tape = tapes[p.module()].take().expect("forward ran");
                 let from_consumers: Vec<Tensor> = grads_in[p.module()]
                     .iter_mut()
                     .filter_map(Option::take)
                     .collect();
-                Box::new(move || self.backward_module(p.module(), tape, from_consumers, apply))
+                let turn = turns.turn(p.module());
+                Box::new(move || {
+                    self.backward_module(p.module(), tape, from_consumers, turn, apply)
+                })
             })?;
             let report = &mut reports[si];
             for ((p, r), timing) in stage.iter().zip(results).zip(&mut report.modules) {
@@ -773,13 +780,35 @@ impl Trainer {
         })
     }
 
+    /// The order in which `stage`'s modules start their gradient sums across ranks on this rank,
+    /// where the collective needs one (see [`Turns`]): the stage's order, every rank's alike.
+    fn turns(&self, stage: &[Placement]) -> Turns {
+        if !self.collective.sums_in_order() {
+            return Turns::default();
+        }
+        let me = self.collective.rank();
+        Turns::new(
+            (stage.iter().map(Placement::module))
+                .filter(|&m| {
+                    let (module, group) = (&self.model.modules[m], &self.groups[m]);
+                    module.trainable
+                        && !module.params.is_empty()
+                        && group.len() > 1
+                        && group.contains(&me)
+                })
+                .collect(),
+        )
+    }
+
     /// Backward pass of module `m`'s replicas on this rank and its optimizer step, inside its
-    /// slot. `from_consumers` are ∂loss/∂output from each consumer, in module order.
+    /// slot. `from_consumers` are ∂loss/∂output from each consumer, in module order; `turn` is
+    /// its place among the stage's gradient sums.
     fn backward_module(
         &self,
         m: usize,
         tape: Forward,
         from_consumers: Vec<Tensor>,
+        turn: Turn<'_>,
         apply: bool,
     ) -> Result<Backward, EngineError> {
         let began = Instant::now();
@@ -826,7 +855,7 @@ impl Trainer {
                 .map_err(err())?
         } else {
             // No replica on this rank: nothing to reduce or update.
-            match self.reduce_params(m, params)? {
+            match self.reduce_params(m, params, turn)? {
                 Some(params) if apply => {
                     let mut opt = self.optimizers[m].lock().expect("optimizer lock");
                     opt.step(&module.params, &params).map_err(err())?;
@@ -889,11 +918,12 @@ impl Trainer {
 
     /// Module `m`'s parameter gradients, summed over this rank's replicas (`None` with no
     /// replica on this rank), summed over the ranks of its group by one all-reduce of a single
-    /// bucket.
+    /// bucket, started in its `turn`.
     fn reduce_params(
         &self,
         m: usize,
         params: Option<Vec<Tensor>>,
+        turn: Turn<'_>,
     ) -> Result<Option<Vec<Tensor>>, EngineError> {
         let err = || EngineError::tensor(self.model.modules[m].name);
         let Some(mut params) = params else {
@@ -902,7 +932,10 @@ impl Trainer {
         if self.groups[m].len() > 1 && !params.is_empty() {
             // One bucket per module: a single all-reduce of every parameter's gradient, on the
             // module's device (a GPU's memory, with NCCL).
-            let sum = (self.collective).all_reduce_bucket(m, &bucket(&params).map_err(err())?)?;
+            let bucket = bucket(&params).map_err(err())?;
+            turn.wait();
+            let sum = (self.collective).all_reduce_bucket(m, &bucket)?;
+            drop(turn);
             params = unbucket(&sum, &params).map_err(err())?;
         }
         Ok(Some(params))
@@ -944,4 +977,101 @@ fn sum_all(local: Vec<Tensor>) -> candle_core::Result<Option<Tensor>> {
         });
     }
     Ok(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mosaic_plan::Assignment;
+
+    /// Rank 0 of two, whose sums start in order (as NCCL's must). Nothing crosses it: the
+    /// tests take no step.
+    struct FirstOfTwo;
+
+    impl Collective for FirstOfTwo {
+        fn name(&self) -> &'static str {
+            "first-of-two"
+        }
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world(&self) -> usize {
+            2
+        }
+        fn create_groups(&mut self, _: &[Vec<usize>]) -> Result<(), EngineError> {
+            Ok(())
+        }
+        fn sums_in_order(&self) -> bool {
+            true
+        }
+        fn all_reduce_module(&self, _: usize, _: &mut [f32]) -> Result<(), EngineError> {
+            unreachable!("no step is taken")
+        }
+        fn all_gather(&self, _: &[f32]) -> Result<Vec<Vec<f32>>, EngineError> {
+            unreachable!("no step is taken")
+        }
+        fn broadcast(&self, _: usize, _: &mut [f32]) -> Result<(), EngineError> {
+            unreachable!("no step is taken")
+        }
+    }
+
+    /// clip-tiny on two GPUs, a rank each: text and vision on both in one stage (text listed
+    /// first), align on GPU 1 alone after them.
+    fn two_gpus(model: &Model) -> Schedule {
+        let place = |name: &str, gpus: Vec<u32>| {
+            let module = model.modules.iter().position(|m| m.name == name).unwrap();
+            Placement {
+                assignment: Assignment {
+                    module,
+                    dp: gpus.len() as u32,
+                    sm: 1.0,
+                    gpus,
+                },
+                name: name.into(),
+                threads: 1,
+            }
+        };
+        Schedule {
+            source: "test".into(),
+            cores: 2,
+            pool: 2,
+            stages: vec![
+                vec![place("text", vec![0, 1]), place("vision", vec![1, 0])],
+                vec![place("align", vec![1])],
+            ],
+        }
+    }
+
+    fn turns_taken(frozen: &[&str], collective: Box<dyn Collective>) -> Vec<Vec<&'static str>> {
+        let mut model = crate::models::build("clip-tiny", 0, &Device::Cpu).unwrap();
+        for m in &mut model.modules {
+            m.trainable &= !frozen.contains(&m.name);
+        }
+        let schedule = two_gpus(&model);
+        let t =
+            Trainer::with_collective(model, schedule, TrainConfig::default(), collective).unwrap();
+        (t.schedule.stages.iter())
+            .map(|stage| {
+                (t.turns(stage).order().iter())
+                    .map(|&m| t.model.modules[m].name)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stages_sums_across_ranks_take_turns_in_the_plans_order() {
+        assert_eq!(
+            turns_taken(&[], Box::new(FirstOfTwo)),
+            [vec!["text", "vision"], vec![]]
+        );
+        // A frozen module sums nothing; align has no replica on this rank.
+        assert_eq!(
+            turns_taken(&["text"], Box::new(FirstOfTwo)),
+            [vec!["vision"], vec![]]
+        );
+        // MPI's sums need no order.
+        let none: Vec<Vec<&str>> = vec![vec![], vec![]];
+        assert_eq!(turns_taken(&[], Box::new(InProcess)), none);
+    }
 }

@@ -27,6 +27,7 @@ pub(crate) mod buffers;
 pub(crate) mod device_sum;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod turns;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::Mpi;
@@ -36,6 +37,8 @@ mod nccl;
 
 #[cfg(all(feature = "mpi", feature = "cuda"))]
 pub use self::nccl::Nccl;
+
+pub(crate) use self::turns::{Turn, Turns};
 
 use candle_core::Tensor;
 
@@ -65,6 +68,13 @@ pub trait Collective: Send + Sync {
     /// Creates one communication group per module: `groups[m]` lists, ascending, the ranks
     /// holding replicas of module `m`. Called once, by every rank, before the first step.
     fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError>;
+
+    /// Whether the sums a stage's modules start at once must start in one order on every rank
+    /// ([`Turns`]): NCCL's must, since its kernels wait on the GPU for their peers; MPI's
+    /// progress on the host and need not.
+    fn sums_in_order(&self) -> bool {
+        false
+    }
 
     /// Sums `buf` element-wise over the ranks of module `module`'s group; each of them
     /// receives the sum in `buf`.

@@ -119,6 +119,18 @@ fn collective(message: String) -> EngineError {
     }
 }
 
+/// Where each rank's part of a gather of `counts` begins: their running sums, `None` where the
+/// whole exceeds MPI's 32-bit count.
+fn displacements(counts: &[Count]) -> Option<Vec<Count>> {
+    let mut at: Count = 0;
+    let mut displs = Vec::with_capacity(counts.len());
+    for &c in counts {
+        displs.push(at);
+        at = at.checked_add(c)?;
+    }
+    Some(displs)
+}
+
 fn count(n: usize) -> Result<Count, EngineError> {
     Count::try_from(n).map_err(|_| collective(format!("{n} elements exceed MPI's count limit")))
 }
@@ -189,14 +201,16 @@ impl Collective for Mpi {
         let mut counts = vec![0 as Count; self.size];
         self.world
             .all_gather_into(&count(local.len())?, &mut counts[..]);
-        let displs: Vec<Count> = counts
-            .iter()
-            .scan(0 as Count, |at, &c| {
-                let d = *at;
-                *at += c;
-                Some(d)
-            })
-            .collect();
+        // Every rank gathered the same counts, so every rank fails here alike.
+        let displs = displacements(&counts).ok_or_else(|| {
+            let total: usize = counts.iter().map(|&c| c as usize).sum();
+            collective(format!(
+                "gathering {total} floats from {} ranks: MPI's displacements are 32-bit, so a \
+                 gather holds at most {} (a smaller batch gathers less)",
+                self.size,
+                Count::MAX
+            ))
+        })?;
         let total = counts.iter().map(|&c| c as usize).sum();
         let mut all = vec![0f32; total];
         {
@@ -212,5 +226,21 @@ impl Collective for Mpi {
 
     fn broadcast(&self, root: usize, buf: &mut [f32]) -> Result<(), EngineError> {
         self.broadcast_into(root, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gather_past_mpis_32_bit_counts_is_refused() {
+        assert_eq!(displacements(&[3, 0, 2]), Some(vec![0, 3, 3]));
+        assert_eq!(
+            displacements(&[Count::MAX - 1, 1]),
+            Some(vec![0, Count::MAX - 1])
+        );
+        assert_eq!(displacements(&[Count::MAX, 1]), None);
+        assert_eq!(displacements(&[1 << 30, 1 << 30]), None);
     }
 }

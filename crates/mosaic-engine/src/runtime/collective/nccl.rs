@@ -15,10 +15,11 @@
 //! CUDA stream, once, before the first step (Mosaic §4). Gathers and broadcasts of host
 //! tensors between stages go through the wrapped [`Mpi`].
 //!
-//! **Known limit.** The modules of a stage all-reduce from their own threads at the same time.
-//! NCCL allows concurrent operations on different communicators, but when two communicators
-//! share GPUs their kernels can wait on each other if the ranks launch them in different
-//! orders; whether that happens with this engine's schedules has not been tried on GPUs.
+//! **Order.** The modules of a stage all-reduce from their own threads. NCCL allows
+//! concurrent operations on different communicators, but where two communicators share GPUs
+//! their kernels can wait on each other if the ranks launch them in different orders; so a
+//! stage's sums start in the plan's order on every rank ([`Collective::sums_in_order`],
+//! `super::turns`). Not yet run on two GPUs.
 
 use std::ffi::c_char;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -321,6 +322,10 @@ impl Collective for Nccl {
         }
         self.modules = modules;
         Ok(())
+    }
+
+    fn sums_in_order(&self) -> bool {
+        true
     }
 
     fn all_reduce_module(&self, module: usize, buf: &mut [f32]) -> Result<(), EngineError> {
