@@ -38,6 +38,18 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     diff / scale
 }
 
+/// The largest of `errors` (0 for none), NaN where any is NaN: `f32::max` drops a NaN, and a
+/// NaN error must meet no bound.
+pub fn worst(errors: impl IntoIterator<Item = f32>) -> f32 {
+    errors.into_iter().fold(0f32, |w, e| {
+        if w.is_nan() || e.is_nan() {
+            f32::NAN
+        } else {
+            w.max(e)
+        }
+    })
+}
+
 /// The high median of `xs`: the value at index `n / 2` of the sorted values (the middle one
 /// when `n` is odd, the larger of the two middle ones when it is even), so always one of the
 /// inputs; `None` when `xs` is empty.
@@ -56,6 +68,16 @@ mod tests {
         // A NaN anywhere meets no bound (`f32::max` alone would drop it).
         assert!(relative_error(&[1.0, f32::NAN], &[1.0, 2.0]).is_nan());
         assert!(relative_error(&[1.0, 2.0], &[f32::NAN, 2.0]).is_nan());
+    }
+
+    #[test]
+    fn the_worst_error_keeps_a_nan() {
+        assert_eq!(worst([]), 0.0);
+        assert_eq!(worst([1e-3, 2e-2, 0.0]), 2e-2);
+        assert!(worst([1e-3, f32::NAN, 2e-2]).is_nan());
+        assert!(worst([f32::NAN, 1.0]).is_nan());
+        let bound_met = worst([0.0, f32::NAN]) < 1.0;
+        assert!(!bound_met, "a NaN meets no bound");
     }
 
     use super::*;

@@ -163,6 +163,8 @@ pub struct ModuleLaunch {
     pub module: &'static str,
     /// Whether its forward pass is replayed from a CUDA graph.
     pub graphed: bool,
+    /// Whether its backward pass is too.
+    pub backward_graphed: bool,
     /// How, in words: op by op (and why) or which passes replay graphs.
     pub how: String,
 }
@@ -440,6 +442,7 @@ impl Trainer {
                 ModuleLaunch {
                     module: m.name,
                     graphed: launch.graphed(),
+                    backward_graphed: launch.backward_graphed(),
                     how: launch.describe(),
                 }
             })

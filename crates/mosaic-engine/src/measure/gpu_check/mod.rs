@@ -5,22 +5,26 @@
 //! In order: the driver; green-context slots (SMs granted as asked, work on each stream); NVML
 //! (the device found, its memory, bandwidth and busy fractions read);
 //! then, in the GPU build only (`--cfg mosaic_gpu`, `scripts/cuda-cargo`), by risk, since a
-//! kernel that faults ends the context and every check after it: candle's ops on a slot
-//! against the CPU through either [`Binding`](crate::runtime::slot::cuda) (a transformer
-//! block's forward and backward in f32, a matmul in bf16); SM confinement by timing (the same
-//! bf16 matmuls on 16 SMs and on 128); co-location (two 64-SM slots launched from two threads
-//! at once against each alone); the bf16 ops around a block's products (a norm writing bf16,
-//! a bias into the residual stream, a bias under GELU) against candle ops composing them; one
-//! training step of every engine model on the GPU against the CPU (loss and every gradient),
-//! modules one after another and the encoders co-located, and ten steps whose loss must fall;
-//! the fused AdamW kernel against the composed update and its time on CLIP ViT-L's vision
-//! tower; a small GPU profile sweep and colocations (`mosaic measure profile|colocations
-//! --device cuda`); a block's forward pass replayed from a CUDA graph against launched op by
-//! op (`measure::launch_cost`); the fused attention kernels against composed attention, both
-//! timed (`models::flash::check`); a gradient bucket summed by a one-rank NCCL communicator;
-//! and last ImageBind's six-way stage carved each way (`Carving`), its six slots running
-//! products at once. The block and the training steps run through the engine's LayerNorm,
-//! GELU and bias kernels (`kernels/elementwise.cu`).
+//! kernel that faults ends the context and every check after it, what has run on a GPU first:
+//! candle's ops on a slot against the CPU through either [`Binding`](crate::runtime::slot::cuda)
+//! (a transformer block's forward and backward in f32, a matmul in bf16); SM confinement by
+//! timing (the same bf16 matmuls on 16 SMs and on 128); co-location (two 64-SM slots launched
+//! from two threads at once against each alone); the bf16 ops around a block's products (a norm
+//! writing bf16, a bias into the residual stream, a bias under GELU) against candle ops
+//! composing them; one training step of every engine model on the GPU against the CPU (loss
+//! and every gradient), modules one after another and the encoders co-located, and ten steps,
+//! launched op by op, whose loss must fall; the fused AdamW kernel against the composed update
+//! and its time on CLIP ViT-L's vision tower; a block's forward pass replayed from a CUDA graph
+//! against launched op by op (`measure::launch_cost`); a gradient bucket summed by a one-rank
+//! NCCL communicator; ImageBind's six-way stage carved each way (`Carving`), its six slots
+//! running products at once. Then what was written since without a GPU: the fused attention
+//! kernels against composed attention, both timed (`models::flash::check`); SM confinement of
+//! products replayed from a CUDA graph; a block's forward and backward passes replayed from a
+//! graph (the fused attention's backward inside it); the training steps again with
+//! launch-bound modules replayed from graphs, against their losses op by op; and a small GPU
+//! profile sweep and colocations (`mosaic measure profile|colocations --device cuda`), whose
+//! launch-bound points replay graphs. The block and the training steps run through the
+//! engine's LayerNorm, GELU and bias kernels (`kernels/elementwise.cu`).
 
 use serde::Serialize;
 

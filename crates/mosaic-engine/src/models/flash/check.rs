@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use mosaic_kit::rng::SplitMix64;
-use mosaic_kit::stats::{median, relative_error as rel_err};
+use mosaic_kit::stats::{self, median, relative_error as rel_err};
 
 use crate::models::grad_op::backward_from;
 use crate::models::nn::{add_bias, causal_mask, composed_attention, to_f32s};
@@ -35,7 +35,7 @@ pub(crate) fn check(dev: &Device) -> Result<(bool, String)> {
         let fused = run(dev, shape, causal, true)?;
         let composed = run(dev, shape, causal, false)?;
         for (f, c) in fused.iter().zip(&composed) {
-            worst = worst.max(rel_err(&to_f32s(f)?, &to_f32s(c)?));
+            worst = stats::worst([worst, rel_err(&to_f32s(f)?, &to_f32s(c)?)]);
         }
     }
     let (fused_ms, composed_ms) = timed(dev)?;

@@ -56,6 +56,11 @@ impl Launch {
         matches!(self, Launch::Graphed(_))
     }
 
+    /// Whether the module's backward pass is replayed from a graph too.
+    pub(super) fn backward_graphed(&self) -> bool {
+        matches!(self, Launch::Graphed(g) if matches!(g.backward, Backward::Graphed(_)))
+    }
+
     /// What it is, in words.
     pub(super) fn describe(&self) -> String {
         match self {

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use mosaic_kit::rng::SplitMix64;
-use mosaic_kit::stats::relative_error as rel_err;
+use mosaic_kit::stats::{relative_error as rel_err, worst};
 
 use super::{slot, tensor, Res};
 use crate::models::nn::{to_f32s, ParamBuilder};
@@ -80,10 +80,8 @@ pub(super) fn adamw(device: &GpuDevice) -> Res<(bool, String)> {
             (&fused.v[i], &composed.v[i]),
         ];
         for (x, y) in pairs {
-            err = err.max(rel_err(
-                &to_f32s(x).map_err(tensor)?,
-                &to_f32s(y).map_err(tensor)?,
-            ));
+            let e = rel_err(&to_f32s(x).map_err(tensor)?, &to_f32s(y).map_err(tensor)?);
+            err = worst([err, e]);
         }
     }
     // One step over a vision tower's parameters, each way, timed after a warm-up step.

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use mosaic_kit::rng::SplitMix64;
-use mosaic_kit::stats::relative_error as rel_err;
+use mosaic_kit::stats::{relative_error as rel_err, worst};
 
 use super::{slot, tensor, Res};
 use crate::kernels::{bias, elementwise};
@@ -44,7 +44,8 @@ pub(super) fn fused(device: &GpuDevice) -> Res<(bool, String)> {
     let mut figures = Vec::new();
     let mut pass = true;
     for (name, case) in cases {
-        let err = worst(case(&dev, true), case(&dev, false)).map_err(EngineError::tensor(name))?;
+        let err = largest_error(case(&dev, true), case(&dev, false))
+            .map_err(EngineError::tensor(name))?;
         pass &= err < BOUND; // a NaN fails
         figures.push(format!("{name} {err:.1e}"));
     }
@@ -60,14 +61,10 @@ pub(super) fn fused(device: &GpuDevice) -> Res<(bool, String)> {
 }
 
 /// The largest relative error over the tensors of two runs; NaN if any is.
-fn worst(fused: Result<Vec<Tensor>>, composed: Result<Vec<Tensor>>) -> Result<f32> {
+fn largest_error(fused: Result<Vec<Tensor>>, composed: Result<Vec<Tensor>>) -> Result<f32> {
     let mut err = 0f32;
     for (f, c) in fused?.iter().zip(&composed?) {
-        let e = rel_err(&to_f32s(f)?, &to_f32s(c)?);
-        if e.is_nan() {
-            return Ok(e);
-        }
-        err = err.max(e);
+        err = worst([err, rel_err(&to_f32s(f)?, &to_f32s(c)?)]);
     }
     Ok(err)
 }

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use mosaic_kit::rng::SplitMix64;
-use mosaic_kit::stats::relative_error as rel_err;
+use mosaic_kit::stats::{relative_error as rel_err, worst};
 
 use super::{slot, tensor, Res};
 use crate::models::nn::{to_f32s, Block, BlockDims, ParamBuilder};
@@ -80,11 +80,7 @@ pub(super) fn ops(device: &GpuDevice, binding: Binding) -> Res<(bool, String)> {
         dev.synchronize().map_err(tensor)?;
         (gpu, rel_err(&on_gpu, &exact))
     };
-    let f32_err = cpu
-        .iter()
-        .zip(&gpu)
-        .map(|(c, g)| rel_err(g, c))
-        .fold(0f32, f32::max);
+    let f32_err = worst(cpu.iter().zip(&gpu).map(|(c, g)| rel_err(g, c)));
     Ok((
         f32_err < 1e-3 && bf16 < 2e-2,
         format!(
