@@ -49,7 +49,7 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         out.push(outcome(&name, || ops(device, binding)));
     }
     out.push(outcome("SM confinement", || confinement(device, false)));
-    out.push(outcome("co-location", || colocation(device)));
+    out.push(outcome("co-location", || colocation(device, false)));
     // The bf16 ops around a block's products, each against its composed form, before the
     // models that run them: a failure there names its kernel.
     out.push(outcome("fused bf16 ops", || fused(device)));
@@ -97,6 +97,9 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
     out.push(outcome("fused attention", || attention(device)));
     out.push(outcome("SM confinement (CUDA graph)", || {
         confinement(device, true)
+    }));
+    out.push(outcome("co-location (CUDA graphs)", || {
+        colocation(device, true)
     }));
     out.push(outcome("CUDA graph (a block's step)", || {
         launch(device, Pass::Step)

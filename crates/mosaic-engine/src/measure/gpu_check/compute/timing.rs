@@ -8,29 +8,89 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{slot, tensor, Res};
 use crate::measure::Pass;
+use crate::runtime::graphed::Captured;
 use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
 
-/// `n` bf16 matmuls of 4096² on `dev`, timed to the stream's end, in ms.
-fn matmuls(dev: &Device, n: usize) -> Res<f64> {
-    let (start, end) = matmul_span(dev, n, None)?;
-    Ok((end - start).as_secs_f64() * 1e3)
+/// `n` bf16 matmuls of 4096² on a device, warmed up, ready to run: launched op by op, or
+/// replayed from a CUDA graph captured on the device's stream (a slot's), as the trainer
+/// replays launch-bound modules.
+struct Products {
+    // Dropped first: the graph reads the operands.
+    graph: Option<Captured<Tensor>>,
+    a: Tensor,
+    b: Tensor,
+    n: usize,
 }
 
-/// When `n` bf16 matmuls of 4096² on `dev` started and when the stream had done them, after
-/// one to warm up and, once warm, a wait at `ready` (every thread of a co-located run waits,
-/// failed or not, so that none is left waiting).
-fn matmul_span(dev: &Device, n: usize, ready: Option<&Barrier>) -> Res<(Instant, Instant)> {
-    let warm = || -> Res<(Tensor, Tensor)> {
+impl Products {
+    /// The products on `dev`, run once; captured (and the graph launched once) where `graphed`.
+    /// A capture that fails, or holds no node, says so.
+    fn new(dev: &Device, n: usize, graphed: bool) -> Res<Products> {
         let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
         let b = (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3)
             .map_err(tensor)?;
-        let _warm = a.matmul(&b).map_err(tensor)?;
+        let mut products = Products {
+            graph: None,
+            a,
+            b,
+            n,
+        };
+        drop(products.launch().map_err(tensor)?);
+        if graphed {
+            let Device::Cuda(cuda) = dev else {
+                return Err(tensor(candle_core::Error::Msg("a CUDA device".into())));
+            };
+            let captured = crate::runtime::graphed::record(cuda, &|| products.launch())
+                .and_then(|c| match c.nodes()? {
+                    0 => candle_core::bail!("a graph of no node"),
+                    _ => Ok(c),
+                })
+                .map_err(|e| tensor(candle_core::Error::Msg(format!("capture failed: {e}"))))?;
+            products.graph = Some(captured);
+        }
         dev.synchronize().map_err(tensor)?;
-        Ok((a, b))
-    };
+        Ok(products)
+    }
+
+    /// The products launched op by op: the last one.
+    fn launch(&self) -> candle_core::Result<Tensor> {
+        let mut last = self.a.matmul(&self.b)?;
+        for _ in 1..self.n {
+            last = self.a.matmul(&self.b)?;
+        }
+        Ok(last)
+    }
+
+    /// One run, queued on the stream: op by op, or the graph replayed.
+    fn run(&self) -> candle_core::Result<()> {
+        match &self.graph {
+            Some(graph) => graph.replay().map(drop),
+            None => self.launch().map(drop),
+        }
+    }
+}
+
+/// `n` bf16 matmuls of 4096² on `dev` ([`Products`]), timed to the stream's end, in ms.
+fn matmuls(dev: &Device, n: usize, graphed: bool) -> Res<f64> {
+    let (start, end) = matmul_span(dev, n, graphed, None)?;
+    Ok((end - start).as_secs_f64() * 1e3)
+}
+
+/// When `n` bf16 matmuls of 4096² on `dev` ([`Products`]) started and when the stream had done
+/// them, once warm and, where `ready`, after a wait there (every thread of a co-located run
+/// waits, failed or not, so that none is left waiting).
+fn matmul_span(
+    dev: &Device,
+    n: usize,
+    graphed: bool,
+    ready: Option<&Barrier>,
+) -> Res<(Instant, Instant)> {
     // A panic (candle and cudarc panic on some CUDA failures) must not leave the others
     // waiting at `ready`.
-    let warm = std::panic::catch_unwind(std::panic::AssertUnwindSafe(warm)).unwrap_or_else(|p| {
+    let warm = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Products::new(dev, n, graphed)
+    }))
+    .unwrap_or_else(|p| {
         let why = crate::error::panic_text(&*p).unwrap_or_else(|| "a panic".into());
         Err(tensor(candle_core::Error::Msg(format!(
             "warming up panicked: {why}"
@@ -39,44 +99,11 @@ fn matmul_span(dev: &Device, n: usize, ready: Option<&Barrier>) -> Res<(Instant,
     if let Some(ready) = ready {
         ready.wait();
     }
-    let (a, b) = warm?;
+    let products = warm?;
     let start = Instant::now();
-    for _ in 0..n {
-        let _ = a.matmul(&b).map_err(tensor)?;
-    }
+    products.run().map_err(tensor)?;
     dev.synchronize().map_err(tensor)?;
     Ok((start, Instant::now()))
-}
-
-/// The same `n` matmuls captured as one CUDA graph on `dev`'s stream (a green context's), then
-/// replayed: the replay timed to the stream's end, in ms. A capture that fails, or holds no
-/// node, says so.
-fn graphed_matmuls(dev: &Device, n: usize) -> Res<f64> {
-    let Device::Cuda(cuda) = dev else {
-        return Err(tensor(candle_core::Error::Msg("a CUDA device".into())));
-    };
-    let a = Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)?;
-    let b =
-        (Tensor::ones((4096, 4096), DType::BF16, dev).map_err(tensor)? * 1e-3).map_err(tensor)?;
-    let run = || -> candle_core::Result<Tensor> {
-        let mut last = a.matmul(&b)?;
-        for _ in 1..n {
-            last = a.matmul(&b)?;
-        }
-        Ok(last)
-    };
-    drop(run().map_err(tensor)?);
-    let captured = crate::runtime::graphed::record(cuda, &run)
-        .and_then(|c| match c.nodes()? {
-            0 => candle_core::bail!("a graph of no node"),
-            _ => Ok(c),
-        })
-        .map_err(|e| tensor(candle_core::Error::Msg(format!("capture failed: {e}"))))?;
-    dev.synchronize().map_err(tensor)?;
-    let start = Instant::now();
-    captured.replay().map_err(tensor)?;
-    dev.synchronize().map_err(tensor)?;
-    Ok(start.elapsed().as_secs_f64() * 1e3)
 }
 
 /// Matmuls per timing: 4096³ × 2 × 40 = 5.5 TFLOP, ~8 ms on a whole H100.
@@ -93,11 +120,7 @@ pub(super) fn confinement(device: &GpuDevice, graphed: bool) -> Res<(bool, Strin
     let time = |s: &GpuSlot| -> Res<f64> {
         // SAFETY: dropped at the end of this closure, before the slot, on this thread.
         let dev = unsafe { s.candle_device(Binding::Primary)? };
-        if graphed {
-            graphed_matmuls(&dev, MATMULS)
-        } else {
-            matmuls(&dev, MATMULS)
-        }
+        matmuls(&dev, MATMULS, graphed)
     };
     let (t_small, t_large) = (time(&small)?, time(&large)?);
     let ratio = t_small / t_large;
@@ -119,8 +142,10 @@ pub(super) fn confinement(device: &GpuDevice, graphed: bool) -> Res<(bool, Strin
 
 /// Two 64-SM slots of one stage, each running the matmuls from its own thread at once,
 /// against each alone: they overlap if together they take under 0.8 of the two alone
-/// (an H100 ran two such GEMM loops in 67 ms together, 53 ms each alone).
-pub(super) fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
+/// (an H100 ran two such GEMM loops in 67 ms together, 53 ms each alone). `graphed`: each
+/// replayed from a CUDA graph of its own, as a stage's launch-bound modules are (the graphs
+/// share the device's graph memory pool: do their replays still overlap?).
+pub(super) fn colocation(device: &GpuDevice, graphed: bool) -> Res<(bool, String)> {
     let slots = device.create_stage(&[("a", 0.5), ("b", 0.5)])?;
     // SAFETY: the devices are dropped at the end of this function, before the slots.
     let devs = slots
@@ -129,11 +154,11 @@ pub(super) fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
         .collect::<Res<Vec<_>>>()?;
     let alone = devs
         .iter()
-        .map(|d| matmuls(d, MATMULS))
+        .map(|d| matmuls(d, MATMULS, graphed))
         .collect::<Res<Vec<_>>>()?;
     // From the first slot's start to the last one's end, both warm.
     let ready = Barrier::new(devs.len());
-    let spans = at_once(&devs, |_, d| matmul_span(d, MATMULS, Some(&ready)))?;
+    let spans = at_once(&devs, |_, d| matmul_span(d, MATMULS, graphed, Some(&ready)))?;
     let ms = |from: Instant, to: Instant| (to - from).as_secs_f64() * 1e3;
     let together: Vec<f64> = spans.iter().map(|&(from, to)| ms(from, to)).collect();
     let (first, last) = (
@@ -148,10 +173,15 @@ pub(super) fn colocation(device: &GpuDevice) -> Res<(bool, String)> {
     Ok((
         wall < 0.8 * sum,
         format!(
-            "{} + {} SMs: together {wall:.1} ms (each {:.1}, {:.1}), alone {:.1} + {:.1} = \
+            "{} + {} SMs{}: together {wall:.1} ms (each {:.1}, {:.1}), alone {:.1} + {:.1} = \
              {sum:.1} ms: {:.2} of the sum (bound < 0.8)",
             slots[0].sms(),
             slots[1].sms(),
+            if graphed {
+                ", each replaying a CUDA graph"
+            } else {
+                ""
+            },
             together[0],
             together[1],
             alone[0],
