@@ -105,7 +105,8 @@ pub enum EngineError {
         /// The driver's error name and text, or why CUDA is unavailable.
         message: String,
     },
-    /// What a run needs of a GPU's memory is more than it has: found before step 1.
+    /// What a run needs of a GPU's memory is more than it has: found before step 1 (or, past
+    /// the trial step, in a step).
     #[error("CUDA device {device}: out of memory: {message}")]
     DeviceMemory {
         /// The CUDA ordinal.

@@ -501,7 +501,13 @@ pub(crate) fn fit_or_recompute(
         Some(module) => format!("module \"{module}\""),
         None => "a module".to_string(),
     };
-    let recomputed = if recomputing.is_empty() {
+    let recomputed = if ranks > 1 {
+        // Said, since the planner's memory model has modules recompute at any dp.
+        format!(
+            " (with {ranks} ranks no module is made to recompute: a second try would meet \
+             the other ranks' collectives out of order)"
+        )
+    } else if recomputing.is_empty() {
         String::new()
     } else {
         format!(
@@ -519,6 +525,35 @@ pub(crate) fn fit_or_recompute(
             batch
         ),
     })
+}
+
+/// `e`, the error of step `step` on CUDA device `ordinal`, as [`EngineError::DeviceMemory`]
+/// where the GPU ran out of memory although the trial step before step 1 fit (with
+/// `recomputing` recomputing activations): what may take more than that step did, and what to
+/// change. Any other error as it is.
+pub(crate) fn in_step(
+    e: EngineError,
+    ordinal: usize,
+    step: u64,
+    recomputing: &[&str],
+) -> EngineError {
+    if matches!(e, EngineError::DeviceMemory { .. }) || !e.is_out_of_memory() {
+        return e;
+    }
+    let recomputing = match recomputing {
+        [] => String::new(),
+        modules => format!(" with {} recomputing activations", modules.join(", ")),
+    };
+    EngineError::DeviceMemory {
+        device: ordinal,
+        message: format!(
+            "step {step} ran out of memory, though a trial step before step 1 fit{recomputing} \
+             (co-located modules' allocations interleave differently from step to step, and \
+             capturing a launch-bound module's CUDA graphs at step 2 holds its passes' memory \
+             twice): lower --batch, plan fewer modules per stage, or launch op by op \
+             (MOSAIC_GRAPHS=off); {e}"
+        ),
+    }
 }
 
 /// The module a step's error names, if it names one.
@@ -622,9 +657,10 @@ mod tests {
         assert_eq!(fits, ["vision"], "the net that must recompute does");
         let (model, step) = trial(UnlessRecomputing, Never);
         let e = fit_or_recompute(&model, 2, 4, 0, || step(&model)).unwrap_err();
+        let text = e.to_string();
         assert!(
-            e.to_string().contains("module \"vision\""),
-            "two ranks never retry: {e}"
+            text.contains("module \"vision\"") && text.contains("with 2 ranks no module"),
+            "two ranks never retry, and say so: {text}"
         );
         let (model, step) = trial(Always, Never);
         let e = fit_or_recompute(&model, 1, 16, 3, || step(&model)).unwrap_err();
@@ -638,6 +674,28 @@ mod tests {
             text.contains("even with vision, text recomputing") && text.contains("--batch"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_step_past_the_trial_that_runs_out_of_memory_says_what_to_change() {
+        let oom = || {
+            EngineError::tensor("vision")(candle_core::Error::Msg(
+                "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+            ))
+        };
+        let e = in_step(oom(), 1, 2, &["text"]);
+        let text = e.to_string();
+        assert!(e.is_bad_input(), "{text}");
+        assert!(
+            text.starts_with("CUDA device 1: out of memory: step 2 ran out of memory")
+                && text.contains("with text recomputing")
+                && text.contains("MOSAIC_GRAPHS=off")
+                && text.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{text}"
+        );
+        // Any other error stays as it is.
+        let other = EngineError::tensor("vision")(candle_core::Error::Msg("shape".into()));
+        assert!(!in_step(other, 1, 2, &[]).is_bad_input());
     }
 
     #[test]

@@ -375,7 +375,10 @@ impl Trainer {
             trainer.recomputing =
                 super::memory::fit_or_recompute(&trainer.model, ranks, batch, ordinal, || {
                     let step = trainer.trial_step();
-                    if step.is_err() {
+                    // Only one rank tries again: with several, a slot's stream may wait on an
+                    // NCCL sum whose peers will not come, and waiting for it would keep this
+                    // rank from ending the job.
+                    if step.is_err() && ranks == 1 {
                         super::memory::release_pool(&trainer.devices, ordinal);
                     }
                     step
@@ -458,7 +461,12 @@ impl Trainer {
     /// step, and the next data position.
     pub fn step(&mut self) -> Result<StepReport, EngineError> {
         let start = Instant::now();
-        let it = self.iterate(true)?;
+        let it = self.iterate(true).map_err(|e| match self.config.compute {
+            Compute::Cuda(ordinal) => {
+                super::memory::in_step(e, ordinal, self.step + 1, &self.recomputing)
+            }
+            Compute::Cpu => e,
+        })?;
         self.step += 1;
         // Each stage's report lists its modules in the schedule's order.
         for (stage, report) in self.schedule.stages.iter().zip(&it.stages) {
