@@ -16,17 +16,24 @@ fn mosaic(ranks: Option<usize>, args: &[&str]) -> Output {
     let mut cmd = match ranks {
         None => Command::new(bin),
         Some(n) => {
-            let mut c = Command::new("mpirun");
-            c.args(["--oversubscribe", "-np", &n.to_string(), bin]);
+            let mut c = mpirun();
+            c.args(["-np", &n.to_string(), bin]);
             c
         }
     };
     cmd.args(args)
-        // mpirun refuses to start as root without these (CI machines run as root).
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .expect("mpirun (openmpi-bin) is installed: the mpi feature needs OpenMPI")
+}
+
+/// `mpirun --oversubscribe`, allowed to start as root (CI machines run as root; mpirun refuses
+/// without these).
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.arg("--oversubscribe")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
 }
 
 /// `mosaic train template --model model --out out`: one process's default plan, written.
@@ -245,11 +252,9 @@ fn a_killed_rank_stops_the_run_and_it_resumes() {
     args.extend(["--checkpoint-every", "4", "--checkpoint-dir", s(&ck)]);
 
     let bin = env!("CARGO_BIN_EXE_mosaic");
-    let mut job = Command::new("mpirun")
-        .args(["--oversubscribe", "-np", "2", bin])
+    let mut job = mpirun()
+        .args(["-np", "2", bin])
         .args(&args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -365,14 +370,12 @@ fn a_rank_that_fails_alone_ends_the_job() {
     let bin = env!("CARGO_BIN_EXE_mosaic");
     let train = ["train", "--model", "clip-tiny", "--steps", "100"];
     // One job, two programs (OpenMPI's MPMD form): rank 0 as given, rank 1 with the wrong plan.
-    let mut job = Command::new("mpirun")
-        .args(["--oversubscribe", "-np", "1", bin])
+    let mut job = mpirun()
+        .args(["-np", "1", bin])
         .args(train)
         .args([":", "-np", "1", bin])
         .args(train)
         .args(["--plan", s(&omni)])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

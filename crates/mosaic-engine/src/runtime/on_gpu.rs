@@ -55,8 +55,12 @@ pub fn rank_gpu(node: (usize, usize)) -> Result<usize, EngineError> {
 /// slot has no thread of its own), one a module of the widest stage, and which rayon sizes by
 /// the `cores` this process may run on.
 fn launchers(schedule: &Schedule, cores: usize) -> usize {
-    let widest = schedule.stages.iter().map(Vec::len).max().unwrap_or(1);
-    cores.max(widest)
+    cores.max(widest(schedule))
+}
+
+/// Modules in the schedule's widest stage (1 for none).
+fn widest(schedule: &Schedule) -> usize {
+    schedule.stages.iter().map(Vec::len).max().unwrap_or(1)
 }
 
 /// Makes rayon's global pool hold [`launchers`] threads, if it does not exist yet; else says
@@ -88,7 +92,7 @@ pub(crate) fn turns_can_be_taken(schedule: &Schedule) -> Result<(), EngineError>
 
 /// [`turns_can_be_taken`] with `threads` launching.
 fn turns_can_be_taken_by(schedule: &Schedule, threads: usize) -> Result<(), EngineError> {
-    let widest = launchers(schedule, 1);
+    let widest = widest(schedule);
     if threads >= widest {
         return Ok(());
     }

@@ -797,18 +797,21 @@ impl Trainer {
         if !self.collective.sums_in_order() {
             return Turns::default();
         }
-        let me = self.collective.rank();
         Turns::new(
             (stage.iter().map(Placement::module))
-                .filter(|&m| {
-                    let (module, group) = (&self.model.modules[m], &self.groups[m]);
-                    module.trainable
-                        && !module.params.is_empty()
-                        && group.len() > 1
-                        && group.contains(&me)
-                })
+                .filter(|&m| self.sums_across_ranks(m))
                 .collect(),
         )
+    }
+
+    /// Whether module `m`'s gradients are summed across ranks at each step on this rank: it
+    /// trains, has parameters, and has replicas here and on another rank.
+    fn sums_across_ranks(&self, m: usize) -> bool {
+        let (module, group) = (&self.model.modules[m], &self.groups[m]);
+        module.trainable
+            && !module.params.is_empty()
+            && group.len() > 1
+            && group.contains(&self.collective.rank())
     }
 
     /// Backward pass of module `m`'s replicas on this rank and its optimizer step, inside its
@@ -940,7 +943,7 @@ impl Trainer {
         let Some(mut params) = params else {
             return Ok(None);
         };
-        if self.groups[m].len() > 1 && !params.is_empty() {
+        if self.sums_across_ranks(m) {
             // One bucket per module: a single all-reduce of every parameter's gradient, on the
             // module's device (a GPU's memory, with NCCL).
             let bucket = bucket(&params).map_err(err())?;

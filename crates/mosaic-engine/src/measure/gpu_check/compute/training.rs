@@ -10,7 +10,7 @@ use super::{tensor, Res};
 use crate::models::nn::to_f32s;
 use crate::models::{self, Model};
 use crate::runtime::graphed::GRAPHS;
-use crate::runtime::trainer::{Compute, TrainConfig, Trainer};
+use crate::runtime::trainer::{Compute, ParamGrad, TrainConfig, Trainer};
 use crate::Schedule;
 
 /// The encoders in one stage at equal quotas, the loss module after them.
@@ -67,6 +67,18 @@ fn trainer(compute: Compute, name: &str, size: f64, colocated: bool, graphs: boo
     Trainer::new(model, schedule, config)
 }
 
+/// The largest relative error of any of `grads` against the same parameter's in `reference`
+/// (NaN where any is).
+fn worst_gradient(grads: &[ParamGrad], reference: &[ParamGrad]) -> Res<f32> {
+    let mut err = 0f32;
+    for (g, r) in grads.iter().zip(reference) {
+        let g = to_f32s(&g.grad).map_err(tensor)?;
+        let r = to_f32s(&r.grad).map_err(tensor)?;
+        err = worst([err, rel_err(&g, &r)]);
+    }
+    Ok(err)
+}
+
 /// Loss and every gradient on the GPU against the CPU (same seed, batch 16), recomputed
 /// activations against kept ones, then [`STEPS`] steps on the GPU, every module launched op by
 /// op, whose loss must fall; their losses are kept in `losses` for [`train_graphed`].
@@ -79,12 +91,7 @@ pub(super) fn train(
     let (cpu_loss, cpu_grads) = trainer(Compute::Cpu, name, size, colocated, false)?.gradients()?;
     let mut gpu = trainer(Compute::Cuda(ordinal), name, size, colocated, false)?;
     let (gpu_loss, gpu_grads) = gpu.gradients()?;
-    let mut grad_err = 0f32;
-    for (c, g) in cpu_grads.iter().zip(&gpu_grads) {
-        let c = to_f32s(&c.grad).map_err(tensor)?;
-        let g = to_f32s(&g.grad).map_err(tensor)?;
-        grad_err = worst([grad_err, rel_err(&g, &c)]);
-    }
+    let grad_err = worst_gradient(&gpu_grads, &cpu_grads)?;
     let loss_err = (gpu_loss - cpu_loss).abs() / cpu_loss.abs().max(1e-30);
     // Recomputing the encoders' activations on the GPU changes nothing (zoo-built models).
     let mut recompute_err = 0f32;
@@ -95,11 +102,7 @@ pub(super) fn train(
         .any(|m| m.net.set_recompute(true))
     {
         let (_, again) = gpu.gradients()?;
-        for (a, b) in gpu_grads.iter().zip(&again) {
-            let a = to_f32s(&a.grad).map_err(tensor)?;
-            let b = to_f32s(&b.grad).map_err(tensor)?;
-            recompute_err = worst([recompute_err, rel_err(&b, &a)]);
-        }
+        recompute_err = worst_gradient(&again, &gpu_grads)?;
         gpu.model().modules.iter().for_each(|m| {
             m.net.set_recompute(false);
         });
