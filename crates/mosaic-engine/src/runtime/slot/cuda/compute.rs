@@ -43,7 +43,8 @@ impl Binding {
 
 impl GpuSlot {
     /// A candle CUDA device whose every kernel launch, cuBLAS call and stream-ordered
-    /// allocation goes to this slot's stream.
+    /// allocation goes to this slot's stream. With [`Binding::Primary`] the slot keeps a clone,
+    /// dropped with it.
     ///
     /// # Safety
     /// The device borrows the slot's stream: the device, its clones and every tensor on it
@@ -89,6 +90,13 @@ impl GpuSlot {
         // itself, by synchronising each module's stream at the stage barrier.
         // SAFETY: called before any tensor exists on this device; see above.
         unsafe { device.disable_event_tracking() };
-        Ok(Device::Cuda(device))
+        let device = Device::Cuda(device);
+        if binding == Binding::Primary {
+            // Its cuBLAS and cuRAND handles go with the slot, or stay where a fault lost the
+            // context (`GpuSlot`'s drop). A green context's device must be dropped on the
+            // thread that uses it, so the slot keeps none.
+            self.keep(&device);
+        }
+        Ok(device)
     }
 }

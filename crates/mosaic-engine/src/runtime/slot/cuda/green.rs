@@ -29,6 +29,10 @@ pub struct GpuSlot {
     context: CUcontext,
     stream: CUstream,
     owner: Owner,
+    /// The candle devices bound to the stream through the primary context
+    /// ([`GpuSlot::candle_device`]), a clone each: the last, dropped with the slot before its
+    /// stream, unless a fault lost the context (see `Drop`).
+    bound: Mutex<Vec<candle_core::Device>>,
     // Dropped in this order after `Drop::drop` has destroyed the stream.
     green: GreenCtx,
     _scaffold: Arc<Vec<GreenCtx>>,
@@ -81,6 +85,7 @@ impl GpuSlot {
             context: std::ptr::null_mut(),
             stream: std::ptr::null_mut(),
             owner: Owner::default(),
+            bound: Mutex::default(),
             green,
             _scaffold: scaffold,
             device: device.clone(),
@@ -103,6 +108,14 @@ impl GpuSlot {
             || at("cuGreenCtxStreamCreate"),
         )?;
         Ok(slot)
+    }
+
+    /// Keeps a clone of `device`, bound to this slot's stream, until the slot is dropped.
+    // Called by the GPU build alone (`candle_device`).
+    #[cfg_attr(not(all(feature = "cuda", mosaic_gpu)), allow(dead_code))]
+    pub(super) fn keep(&self, device: &candle_core::Device) {
+        let mut bound = self.bound.lock().unwrap_or_else(|p| p.into_inner());
+        bound.push(device.clone());
     }
 
     /// The module the slot is for.
@@ -227,7 +240,18 @@ impl Drop for GpuSlot {
         // The green context is destroyed next, by its field's drop.
         unsafe {
             if !self.stream.is_null() {
-                sys::cuStreamSynchronize(self.stream);
+                let done = sys::cuStreamSynchronize(self.stream);
+                let bound = std::mem::take(self.bound.get_mut().unwrap_or_else(|p| p.into_inner()));
+                // A stream that cannot finish reports the fault that lost its context (an
+                // illegal address in a kernel, say: every later call in it fails). cudarc
+                // unwraps `cublasDestroy` and `curandDestroyGenerator` when a candle device's
+                // handles drop, so destroying them through that context would panic here and
+                // end the process before the failed run's error is reported: they are kept.
+                if done == sys::CUresult::CUDA_SUCCESS {
+                    drop(bound);
+                } else {
+                    std::mem::forget(bound);
+                }
                 sys::cuStreamDestroy_v2(self.stream);
             }
         }
