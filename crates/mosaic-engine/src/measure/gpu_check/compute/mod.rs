@@ -19,7 +19,7 @@ use nccl::nccl_bucket;
 use ops::{attention, ops};
 use sweeps::{colocations, sweep};
 use timing::{colocation, confinement, launch, six_slots, SIX};
-use training::{train, train_graphed, Bounds, BF16_BOUNDS, F32_BOUNDS};
+use training::{resume, train, train_graphed, Bounds, BF16_BOUNDS, F32_BOUNDS};
 
 type Res<T> = Result<T, EngineError>;
 
@@ -91,9 +91,12 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
             Err(why) => GpuCheck::new(&name, Outcome::Fail, why),
         });
     }
-    // Written since the last GPU ran: the attention kernels against composed attention, then
-    // CUDA graphs, from a loop of products to training (a failed capture ends with the
-    // capture: it is not sticky).
+    // Written since the last GPU ran: a checkpoint and its resumption on the GPU (no kernel
+    // of its own), the attention kernels against composed attention, then CUDA graphs, from a
+    // loop of products to training (a failed capture ends with the capture: it is not sticky).
+    out.push(outcome("checkpoint and resume", || {
+        resume(device.ordinal(), "clip-tiny", F32_BOUNDS.2)
+    }));
     out.push(outcome("fused attention", || attention(device)));
     out.push(outcome("SM confinement (CUDA graph)", || {
         confinement(device, true)

@@ -1,5 +1,6 @@
 //! One training step of an engine model on the GPU against the CPU, then ten that must lower
-//! the loss; later, the same steps with launch-bound modules replayed from CUDA graphs.
+//! the loss; later, a run on the GPU checkpointed and resumed, and the same steps with
+//! launch-bound modules replayed from CUDA graphs.
 
 use std::time::Instant;
 
@@ -9,6 +10,7 @@ use mosaic_kit::stats::{relative_error as rel_err, worst};
 use super::{tensor, Res};
 use crate::models::nn::to_f32s;
 use crate::models::{self, Model};
+use crate::runtime::checkpoint;
 use crate::runtime::graphed::GRAPHS;
 use crate::runtime::trainer::{Compute, ParamGrad, TrainConfig, Trainer};
 use crate::Schedule;
@@ -187,4 +189,64 @@ pub(super) fn train_graphed(
             how.join("; ")
         ),
     )))
+}
+
+/// Steps of each half of [`resume`]'s run.
+const HALF: usize = 3;
+
+/// A run of `name` on the GPU checkpointed after [`HALF`] steps, as `mosaic train --device cuda
+/// --checkpoint-dir` does, then resumed by a fresh trainer on the GPU: every parameter and AdamW
+/// moment it reads back onto its slots' devices (in place of the tensors the fused AdamW kernel
+/// updates) equal to the run's at the checkpoint, bit for bit, and its next [`HALF`] losses
+/// within `bound` of the run's own (op by op, they differ only by LayerNorm's atomic sums).
+pub(super) fn resume(ordinal: usize, name: &str, bound: f32) -> Res<(bool, String)> {
+    let dir = std::env::temp_dir().join(format!("mosaic-check-gpu-{}", std::process::id()));
+    let gpu = || trainer(Compute::Cuda(ordinal), name, 1.0, false, false);
+    let mut run = gpu()?;
+    for _ in 0..HALF {
+        run.step()?;
+    }
+    let path = checkpoint::save(&run, &dir)?;
+    let saved = state(&run)?;
+    let mut rest = Vec::with_capacity(HALF);
+    for _ in 0..HALF {
+        rest.push(run.step()?.loss);
+    }
+    drop(run);
+    let mut resumed = gpu()?;
+    let loaded = checkpoint::load(&mut resumed, &path);
+    std::fs::remove_dir_all(&dir).ok();
+    loaded?;
+    let exact = state(&resumed)? == saved;
+    let mut err = 0f32;
+    for want in &rest {
+        let loss = resumed.step()?.loss;
+        err = worst([err, (loss - want).abs() / want.abs().max(1e-30)]);
+    }
+    Ok((
+        exact && err < bound,
+        format!(
+            "{name}: parameters and AdamW moments restored at step {HALF} {}; the next {HALF} \
+             losses {err:.1e} from the run's own (bound {bound:.0e})",
+            if exact { "bit for bit" } else { "CHANGED" }
+        ),
+    ))
+}
+
+/// Every parameter and AdamW moment of `trainer`, as bits.
+fn state(trainer: &Trainer) -> Res<Vec<Vec<u32>>> {
+    let mut out = Vec::new();
+    for (m, opt) in trainer.model().modules.iter().zip(&trainer.optimizers) {
+        let opt = opt.lock().expect("optimizer lock");
+        let params = m.params.iter().map(|(_, v)| v.as_tensor());
+        for t in params.chain(&opt.m).chain(&opt.v) {
+            let bits = to_f32s(t)
+                .map_err(tensor)?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            out.push(bits);
+        }
+    }
+    Ok(out)
 }
