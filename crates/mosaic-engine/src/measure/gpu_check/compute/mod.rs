@@ -18,7 +18,7 @@ use fused::fused;
 use nccl::nccl_bucket;
 use ops::{attention, ops};
 use sweeps::{colocations, sweep};
-use timing::{colocation, confinement, launch, six_slots, SIX};
+use timing::{blas_target, colocation, confinement, launch, six_slots, SIX};
 use training::{resume, train, train_graphed, Bounds, BF16_BOUNDS, F32_BOUNDS};
 
 type Res<T> = Result<T, EngineError>;
@@ -92,11 +92,12 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
         });
     }
     // Written since the last GPU ran: a checkpoint and its resumption on the GPU (no kernel
-    // of its own), the attention kernels against composed attention, then CUDA graphs, from a
+    // of its own), cuBLAS told a slot's SMs, the attention kernels against composed attention, then CUDA graphs, from a
     // loop of products to training (a failed capture ends with the capture: it is not sticky).
     out.push(outcome("checkpoint and resume", || {
         resume(device.ordinal(), "clip-tiny", F32_BOUNDS.2)
     }));
+    out.push(outcome("cuBLAS told a slot's SMs", || blas_target(device)));
     out.push(outcome("fused attention", || attention(device)));
     out.push(outcome("SM confinement (CUDA graph)", || {
         confinement(device, true)

@@ -1,5 +1,5 @@
-//! Timings on slots: SM confinement, two slots overlapping, ImageBind's six-way stage
-//! running products at once, and what launching costs a block.
+//! Timings on slots: SM confinement, cuBLAS told a slot's SMs, two slots overlapping,
+//! ImageBind's six-way stage running products at once, and what launching costs a block.
 
 use std::sync::Barrier;
 use std::time::Instant;
@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::{slot, tensor, Res};
 use crate::measure::Pass;
 use crate::runtime::graphed::Captured;
-use crate::runtime::slot::cuda::{Binding, GpuDevice, GpuSlot};
+use crate::runtime::slot::cuda::{target_sms, Binding, GpuDevice, GpuSlot};
 
 /// `n` bf16 matmuls of 4096² on a device, warmed up, ready to run: launched op by op, or
 /// replayed from a CUDA graph captured on the device's stream (a slot's), as the trainer
@@ -136,6 +136,56 @@ pub(super) fn confinement(device: &GpuDevice, graphed: bool) -> Res<(bool, Strin
             },
             small.sms(),
             large.sms()
+        ),
+    ))
+}
+
+/// Small products timed by [`blas_target`]: 512 × 4096 by 4096 × 512 in bf16, 16 output tiles
+/// of 128², which cuBLAS may split along k to fill a whole GPU.
+const SMALL: (usize, usize, usize) = (512, 4096, 512);
+/// How many of them a timing runs.
+const SMALL_PRODUCTS: usize = 200;
+
+/// [`SMALL_PRODUCTS`] small products on a 16-SM slot with its cuBLAS handle told the slot's
+/// SMs, as the engine tells every slot's ([`target_sms`]), against told nothing (the whole
+/// GPU, cuBLAS's default): the target must be taken and cost no more than 10 %. Its figure
+/// says what the target gains a small slot.
+pub(super) fn blas_target(device: &GpuDevice) -> Res<(bool, String)> {
+    let small = slot(device, "blas", 16.0 / device.sms() as f64)?;
+    let time = |sms: u32| -> Res<(bool, f64)> {
+        // SAFETY: dropped at the end of this closure, before the slot, on this thread.
+        let dev = unsafe { small.candle_device(Binding::Primary)? };
+        let Device::Cuda(cuda) = &dev else {
+            return Err(tensor(candle_core::Error::Msg("a CUDA device".into())));
+        };
+        let taken = target_sms(cuda, sms);
+        let (m, k, n) = SMALL;
+        let a = Tensor::ones((m, k), DType::BF16, &dev).map_err(tensor)?;
+        let b = (Tensor::ones((k, n), DType::BF16, &dev).and_then(|b| b * 1e-3)).map_err(tensor)?;
+        let run = || -> candle_core::Result<()> {
+            for _ in 0..SMALL_PRODUCTS {
+                a.matmul(&b)?;
+            }
+            dev.synchronize()
+        };
+        run().map_err(tensor)?;
+        let start = Instant::now();
+        run().map_err(tensor)?;
+        Ok((taken, start.elapsed().as_secs_f64() * 1e3))
+    };
+    let (taken, targeted) = time(small.sms())?;
+    let (_, whole) = time(0)?;
+    Ok((
+        taken && targeted <= 1.1 * whole,
+        format!(
+            "{SMALL_PRODUCTS} bf16 {}×{}×{} products on {} SMs: {targeted:.2} ms with cuBLAS \
+             told the slot's SMs{}, {whole:.2} ms told the whole GPU: {:.2}× (bound ≤ 1.1)",
+            SMALL.0,
+            SMALL.1,
+            SMALL.2,
+            small.sms(),
+            if taken { "" } else { " (REFUSED)" },
+            targeted / whole
         ),
     ))
 }

@@ -82,6 +82,8 @@ impl GpuSlot {
         let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
         let device =
             CudaDevice::from_context_and_stream(ctx, stream).map_err(|e| at(e.to_string()))?;
+        // A hint: where cuBLAS refuses it, its defaults stay (`check gpu` says which it was).
+        target_sms(&device, self.sms());
         // cudarc gives every allocation two events, which order its uses across the streams of
         // a context in multi-stream mode. This context never is: it only wraps the slot's
         // stream (streams it creates itself would count), so the events were never recorded
@@ -99,4 +101,20 @@ impl GpuSlot {
         }
         Ok(device)
     }
+}
+
+/// Has `device`'s cuBLAS handle choose its kernels (tile shapes, splitting a product along k)
+/// for `sms` SMs, or 0 for every SM of the GPU, cuBLAS's default: `cublasSetSmCountTarget`,
+/// which cuBLAS documents for its routines sharing a GPU with other work. A slot's products run
+/// on its SMs whatever cuBLAS expects; expecting the whole GPU, it cuts a small product into
+/// blocks for 132 SMs, which a slot of 8 runs in waves (two of ImageBind's three 8-SM slots ran
+/// 1.6× slower than their share of the SMs, `bench engine` on an H200, README: one possible
+/// cause, which `check gpu`'s row "cuBLAS told a slot's SMs" measures). Whether cuBLAS took it.
+pub(crate) fn target_sms(device: &CudaDevice, sms: u32) -> bool {
+    use candle_core::cuda_backend::cudarc::cublas::sys::{cublasSetSmCountTarget, cublasStatus_t};
+    let blas = device.cublas_handle();
+    let sms = i32::try_from(sms).unwrap_or(0);
+    // SAFETY: the live cuBLAS handle of a device of this process, configured before its use.
+    let status = unsafe { cublasSetSmCountTarget(*blas.handle(), sms) };
+    status == cublasStatus_t::CUBLAS_STATUS_SUCCESS
 }

@@ -36,6 +36,8 @@ mod green;
 #[cfg(feature = "cuda")]
 mod pool;
 #[cfg(all(feature = "cuda", mosaic_gpu))]
+pub(crate) use compute::target_sms;
+#[cfg(all(feature = "cuda", mosaic_gpu))]
 pub use compute::Binding;
 #[cfg(feature = "cuda")]
 pub(crate) use device::Scratch;
