@@ -91,13 +91,14 @@ pub(super) fn run(device: &GpuDevice, out: &mut Checks) {
             Err(why) => GpuCheck::new(&name, Outcome::Fail, why),
         });
     }
-    // Written since the last GPU ran: a checkpoint and its resumption on the GPU (no kernel
-    // of its own), cuBLAS told a slot's SMs, the attention kernels against composed attention, then CUDA graphs, from a
-    // loop of products to training (a failed capture ends with the capture: it is not sticky).
+    // Written since the last GPU ran: cuBLAS told a slot's SMs (as every row above was), a
+    // checkpoint and its resumption on the GPU (no kernel of its own), the attention kernels
+    // against composed attention, then CUDA graphs, from a loop of products to training (a
+    // failed capture ends with the capture: it is not sticky).
+    out.push(outcome("cuBLAS told a slot's SMs", || blas_target(device)));
     out.push(outcome("checkpoint and resume", || {
         resume(device.ordinal(), "clip-tiny", F32_BOUNDS.2)
     }));
-    out.push(outcome("cuBLAS told a slot's SMs", || blas_target(device)));
     out.push(outcome("fused attention", || attention(device)));
     out.push(outcome("SM confinement (CUDA graph)", || {
         confinement(device, true)

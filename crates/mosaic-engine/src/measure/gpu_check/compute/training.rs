@@ -201,12 +201,24 @@ const HALF: usize = 3;
 /// within `bound` of the run's own (op by op, they differ only by LayerNorm's atomic sums).
 pub(super) fn resume(ordinal: usize, name: &str, bound: f32) -> Res<(bool, String)> {
     let dir = std::env::temp_dir().join(format!("mosaic-check-gpu-{}", std::process::id()));
+    let result = resume_through(ordinal, name, bound, &dir);
+    std::fs::remove_dir_all(&dir).ok();
+    result
+}
+
+/// [`resume`], its checkpoint in `dir`.
+fn resume_through(
+    ordinal: usize,
+    name: &str,
+    bound: f32,
+    dir: &std::path::Path,
+) -> Res<(bool, String)> {
     let gpu = || trainer(Compute::Cuda(ordinal), name, 1.0, false, false);
     let mut run = gpu()?;
     for _ in 0..HALF {
         run.step()?;
     }
-    let path = checkpoint::save(&run, &dir)?;
+    let path = checkpoint::save(&run, dir)?;
     let saved = state(&run)?;
     let mut rest = Vec::with_capacity(HALF);
     for _ in 0..HALF {
@@ -214,9 +226,7 @@ pub(super) fn resume(ordinal: usize, name: &str, bound: f32) -> Res<(bool, Strin
     }
     drop(run);
     let mut resumed = gpu()?;
-    let loaded = checkpoint::load(&mut resumed, &path);
-    std::fs::remove_dir_all(&dir).ok();
-    loaded?;
+    checkpoint::load(&mut resumed, &path)?;
     let exact = state(&resumed)? == saved;
     let mut err = 0f32;
     for want in &rest {
@@ -226,18 +236,22 @@ pub(super) fn resume(ordinal: usize, name: &str, bound: f32) -> Res<(bool, Strin
     Ok((
         exact && err < bound,
         format!(
-            "{name}: parameters and AdamW moments restored at step {HALF} {}; the next {HALF} \
-             losses {err:.1e} from the run's own (bound {bound:.0e})",
+            "{name}: the data position, every parameter, AdamW moment and step count restored \
+             at step {HALF} {}; the next {HALF} losses {err:.1e} from the run's own (bound \
+             {bound:.0e})",
             if exact { "bit for bit" } else { "CHANGED" }
         ),
     ))
 }
 
-/// Every parameter and AdamW moment of `trainer`, as bits.
+/// The data position, and every parameter, AdamW moment and AdamW step count of `trainer`, as
+/// bits.
 fn state(trainer: &Trainer) -> Res<Vec<Vec<u32>>> {
-    let mut out = Vec::new();
+    let wide = |x: u64| vec![x as u32, (x >> 32) as u32];
+    let mut out = vec![wide(trainer.step_count())];
     for (m, opt) in trainer.model().modules.iter().zip(&trainer.optimizers) {
         let opt = opt.lock().expect("optimizer lock");
+        out.push(wide(opt.t));
         let params = m.params.iter().map(|(_, v)| v.as_tensor());
         for t in params.chain(&opt.m).chain(&opt.v) {
             let bits = to_f32s(t)

@@ -109,12 +109,20 @@ impl GpuSlot {
 /// on its SMs whatever cuBLAS expects; expecting the whole GPU, it cuts a small product into
 /// blocks for 132 SMs, which a slot of 8 runs in waves (two of ImageBind's three 8-SM slots ran
 /// 1.6× slower than their share of the SMs, `bench engine` on an H200, README: one possible
-/// cause, which `check gpu`'s row "cuBLAS told a slot's SMs" measures). Whether cuBLAS took it.
+/// cause, which `check gpu`'s row "cuBLAS told a slot's SMs" measures). Whether cuBLAS took
+/// it, as read back.
 pub(crate) fn target_sms(device: &CudaDevice, sms: u32) -> bool {
-    use candle_core::cuda_backend::cudarc::cublas::sys::{cublasSetSmCountTarget, cublasStatus_t};
+    use candle_core::cuda_backend::cudarc::cublas::sys::{
+        cublasGetSmCountTarget, cublasSetSmCountTarget, cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+    };
     let blas = device.cublas_handle();
     let sms = i32::try_from(sms).unwrap_or(0);
-    // SAFETY: the live cuBLAS handle of a device of this process, configured before its use.
-    let status = unsafe { cublasSetSmCountTarget(*blas.handle(), sms) };
-    status == cublasStatus_t::CUBLAS_STATUS_SUCCESS
+    let mut now = -1;
+    // SAFETY: the live cuBLAS handle of a device of this process, configured before its use;
+    // `now` outlives the call that writes it.
+    unsafe {
+        cublasSetSmCountTarget(*blas.handle(), sms) == CUBLAS_STATUS_SUCCESS
+            && cublasGetSmCountTarget(*blas.handle(), &mut now) == CUBLAS_STATUS_SUCCESS
+            && now == sms
+    }
 }

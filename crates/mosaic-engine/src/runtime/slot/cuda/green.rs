@@ -242,15 +242,19 @@ impl Drop for GpuSlot {
             if !self.stream.is_null() {
                 let done = sys::cuStreamSynchronize(self.stream);
                 let bound = std::mem::take(self.bound.get_mut().unwrap_or_else(|p| p.into_inner()));
-                // A stream that cannot finish reports the fault that lost its context (an
-                // illegal address in a kernel, say: every later call in it fails). cudarc
-                // unwraps `cublasDestroy` and `curandDestroyGenerator` when a candle device's
-                // handles drop, so destroying them through that context would panic here and
-                // end the process before the failed run's error is reported: they are kept.
-                if done == sys::CUresult::CUDA_SUCCESS {
-                    drop(bound);
-                } else {
+                // cudarc unwraps `cublasDestroy` and `curandDestroyGenerator` when a candle
+                // device's handles drop, which can fail once a fault has lost their context (an
+                // illegal address in a kernel, say: every later call in it fails); that panic
+                // would end the process before the failed run's error is reported. So the
+                // handles are kept where this stream reports a fault, or while the thread
+                // unwinds (a second panic would abort it), and a panic from a fault seen
+                // elsewhere first (a sibling slot's, the primary context's) is caught. Their
+                // drop makes the primary context current on this thread, as cudarc's drops do:
+                // no slot may be entered on it here.
+                if done != sys::CUresult::CUDA_SUCCESS || std::thread::panicking() {
                     std::mem::forget(bound);
+                } else {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(bound)));
                 }
                 sys::cuStreamDestroy_v2(self.stream);
             }
