@@ -57,7 +57,7 @@ impl Candidates {
     /// module of a stage, because Δ of Eq. 8 grows with every B when e1, e2, e3 ≥ 0).
     ///
     /// Each option is checked against the Pareto front of the smaller quotas at its dp, at most
-    /// [`FRONT`] of them: on a fine grid (10,000 SMs) with time falling and bandwidth rising in
+    /// `FRONT` of them: on a fine grid (10,000 SMs) with time falling and bandwidth rising in
     /// the quota the front holds every option, and checking them all took 18 s for 16 modules.
     /// Past the cap some dominated options stay, which costs the search time, never a plan.
     pub fn new(options: &[QuotaOption], gpus: u32) -> Self {

@@ -20,7 +20,7 @@
 //!   search still proves something: every plan faster than the incumbent passes through an
 //!   open entry, so the least f among them (and the one being processed) bounds the optimum
 //!   from below — provided every StageEval answer it used was proven. So does a search whose
-//!   open list outgrows [`MAX_OPEN`] entries.
+//!   open list outgrows `MAX_OPEN` entries.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};

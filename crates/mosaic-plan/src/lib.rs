@@ -2,7 +2,7 @@
 //!
 //! A plan splits a model's modules into stages that run one after another on the whole GPU
 //! pool; inside a stage each module gets a data-parallel degree and an SM quota on each of its
-//! GPUs. [`stage_eval`] solves one stage exactly, [`gahc()`] is the paper's Alg. 1, and
+//! GPUs. [`stage_eval()`] solves one stage exactly, [`gahc()`] is the paper's Alg. 1, and
 //! [`exact()`] finds the optimal stage sequence by A* over the DAG's down-sets. [`solve`] runs
 //! them as `--search gahc|exact|auto` asks and returns a [`Plan`], the `mosaic-plan/1` file.
 //! [`load_plan`] reads such a file back and [`Plan::resolve`] checks it against a model: the one

@@ -150,7 +150,7 @@ fn check_device(d: &Device, file: &Path) -> Result<(), ProfileError> {
 pub const MAX_LINK_GBPS: f64 = 1e5;
 
 /// The smallest all-reduce bandwidth a profile may state, GB/s per GPU: 8 Gb/s, below any
-/// GPU cluster's interconnect. With [`MAX_GRAD_GIB`] it bounds a cross-node charge at
+/// GPU cluster's interconnect. With `MAX_GRAD_GIB` it bounds a cross-node charge at
 /// 2 × 4,096 GiB / 1 GB/s ≈ 8.8·10⁶ ms, so a plan's times stay within what a plan file holds.
 pub const MIN_LINK_GBPS: f64 = 1.0;
 

@@ -71,7 +71,7 @@ struct RunArgs {
     /// A mosaic-plan/1 file whose module names are the model's (default: every module its own
     /// stage, replicated on every rank at quota 1.0; `mosaic train template` writes it).
     /// A module's dp replicas split the batch; replica k runs on the rank holding plan GPU
-    /// gpus[k] (the plan's GPUs spread over the `mpirun` ranks in blocks; one process holds
+    /// `gpus[k]` (the plan's GPUs spread over the `mpirun` ranks in blocks; one process holds
     /// them all); sm sets the slot's threads, round(sm × cores), at least 1.
     #[arg(long)]
     plan: Option<PathBuf>,

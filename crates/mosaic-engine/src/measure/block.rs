@@ -35,7 +35,7 @@ pub struct PieceTime {
     pub flop: f64,
     /// Bytes its forward pass leaves on the autograd tape for the backward pass: the distinct
     /// storages of candle's graph from the output back to its inputs, the inputs included and
-    /// the parameters not ([`super::bytes::tape_bytes`]), as this device runs it.
+    /// the parameters not (`super::bytes::tape_bytes`), as this device runs it.
     pub tape_bytes: u64,
 }
 

@@ -10,7 +10,7 @@ use super::profiler::ProfileConfig;
 
 /// How long a grid point's iterations run while NVML samples them: 0.5 s, three sample periods
 /// on Hopper (1/6 s), of which the first is left out (it began before the window: see
-/// [`super::nvml`]), and above the 0.35 s of the team's H100 profile
+/// `super::nvml`), and above the 0.35 s of the team's H100 profile
 /// (`measurements/h100/measure.py`).
 pub const BUSY_WINDOW: Duration = Duration::from_millis(500);
 

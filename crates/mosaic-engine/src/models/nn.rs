@@ -170,7 +170,7 @@ impl Linear {
 
     /// `residual + layer(x)`, in f32 (`residual` is an f32 stream of the output's shape): on a
     /// CUDA device, for a bf16 product, the bias and the add are one pass
-    /// ([`crate::kernels::bias::residual_bias_add`]); elsewhere the layer's output is cast and
+    /// (`crate::kernels::bias::residual_bias_add`); elsewhere the layer's output is cast and
     /// added, the same values.
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         let (product, out_shape) = self.product(x)?;
@@ -191,7 +191,7 @@ impl Linear {
     }
 
     /// `gelu(layer(x))` in the products' dtype: on a CUDA device, for a bf16 product, the bias
-    /// and GELU are one pass forward and one backward ([`crate::kernels::bias::bias_gelu`],
+    /// and GELU are one pass forward and one backward (`crate::kernels::bias::bias_gelu`,
     /// GELU in f32 arithmetic); elsewhere [`gelu`] of [`Linear::forward_in_compute`].
     pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
         let (product, out_shape) = self.product(x)?;
@@ -233,7 +233,7 @@ pub(crate) fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
 }
 
 /// Layer normalisation over the last dimension: candle's fused kernel (one pass, where the
-/// composed form takes eleven), given a backward pass of ours ([`layer_norm_backward`]), so the
+/// composed form takes eleven), given a backward pass of ours (`layer_norm_backward`), so the
 /// tape keeps the input alone where the composed form kept five tensors of its size.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
@@ -256,7 +256,7 @@ impl LayerNorm {
     }
 
     /// Applies the normalisation. On a CUDA device, the engine's kernels forward and backward
-    /// ([`crate::kernels::elementwise::layer_norm`]).
+    /// (`crate::kernels::elementwise::layer_norm`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_in(x, DType::F32)
     }

@@ -3,7 +3,7 @@
 //! rivals its GPU time (small modules at small batches; `bench block` measured ImageBind imu's
 //! block at batch 2 spending 52 % of its step on launches on an H200).
 //!
-//! [`capture`] runs the pass once op by op (the warm-up: it loads kernels and leaves candle's
+//! `capture` runs the pass once op by op (the warm-up: it loads kernels and leaves candle's
 //! shape uploads on the device, under `CudaDevice::enable_cuda_graph_htod_cache`, so that the
 //! capture reads them there), captures it on its device's stream, replays the graph twice and
 //! compares the replay's result with the warm-up's: a graph that does not reproduce the pass is

@@ -88,7 +88,7 @@ pub enum Compute {
     #[default]
     Cpu,
     /// On CUDA device `n`, each module in a green-context slot of its stage with its tensors
-    /// on the slot's stream ([`super::on_gpu`]; the GPU build).
+    /// on the slot's stream (`super::on_gpu`; the GPU build).
     Cuda(usize),
 }
 

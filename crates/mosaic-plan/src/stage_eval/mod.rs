@@ -40,7 +40,7 @@
 //!   `best` or slower must be joined by the next module, and where none of its candidates
 //!   faster than `best` fits there, the node has no completion. Nor has it where the next
 //!   module cannot join GPUs that the module after it would have to join and could not, and so
-//!   on, up to [`LOOKAHEAD`] modules ahead ([`Search::lost`]). So a replica never goes to a GPU
+//!   on, up to `LOOKAHEAD` modules ahead (`Search::lost`). So a replica never goes to a GPU
 //!   it would leave lost, and GPUs that are lost as they are must all take one. Found on
 //!   `zoo_shaped_profiles(3, 12, 32)`: its 9-encoder stages spent millions of nodes placing the
 //!   eighth module, and then the seventh, each time to find that the ninth, which needs 30 GiB

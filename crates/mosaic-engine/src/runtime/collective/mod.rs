@@ -70,7 +70,7 @@ pub trait Collective: Send + Sync {
     fn create_groups(&mut self, groups: &[Vec<usize>]) -> Result<(), EngineError>;
 
     /// Whether the sums a stage's modules start at once must start in one order on every rank
-    /// ([`Turns`]): NCCL's must, since its kernels wait on the GPU for their peers; MPI's
+    /// (`Turns`): NCCL's must, since its kernels wait on the GPU for their peers; MPI's
     /// progress on the host and need not.
     fn sums_in_order(&self) -> bool {
         false
@@ -81,7 +81,7 @@ pub trait Collective: Send + Sync {
     fn all_reduce_module(&self, module: usize, buf: &mut [f32]) -> Result<(), EngineError>;
 
     /// [`Collective::all_reduce_module`] of a gradient bucket (a flat f32 tensor,
-    /// [`buffers::bucket`]): the sum, on the bucket's device. This one moves it through the
+    /// `buffers::bucket`): the sum, on the bucket's device. This one moves it through the
     /// host; `Nccl` sums a bucket on a GPU where it is.
     fn all_reduce_bucket(&self, module: usize, bucket: &Tensor) -> Result<Tensor, EngineError> {
         all_reduce_through_host(self, module, bucket)

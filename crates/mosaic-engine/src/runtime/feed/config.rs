@@ -80,7 +80,7 @@ const SECONDS_PER_PIXEL: f64 = 200e-9;
 
 impl FeedOptions {
     /// The default run-ahead, and a timeout that grows with the work of one step: 120 s plus
-    /// [`SECONDS_PER_PIXEL`] for each pixel of a step's worst case (`batch` samples of
+    /// `SECONDS_PER_PIXEL` for each pixel of a step's worst case (`batch` samples of
     /// `images_per_sample` images) and of the encoded pool made at start-up.
     pub fn for_work(config: &FeedConfig, batch: usize) -> FeedOptions {
         let pixels = f64::from(config.resolution).powi(2)

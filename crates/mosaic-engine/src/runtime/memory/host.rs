@@ -81,7 +81,7 @@ impl HostBytes {
 
 impl HostNeed {
     /// Measures `model` by `schedule` as rank `rank` of `world` runs it (forward passes at
-    /// most [`PROBES`]' largest samples, on the model's own data).
+    /// most `PROBES`' largest samples, on the model's own data).
     pub fn measure(
         model: &Model,
         schedule: &Schedule,

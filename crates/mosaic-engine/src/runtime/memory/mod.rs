@@ -1,7 +1,7 @@
 //! What a run needs of a GPU's memory (`device`), checked before step 1: the weights,
-//! gradients and AdamW moments against the device's free memory ([`weights_fit`]), then a trial
+//! gradients and AdamW moments against the device's free memory (`weights_fit`), then a trial
 //! step, after which activation recomputation is turned on where it can help
-//! ([`fit_or_recompute`]). A plan that still does not fit is refused with
+//! (`fit_or_recompute`). A plan that still does not fit is refused with
 //! [`crate::EngineError::DeviceMemory`] (exit code 2).
 //!
 //! On the CPU (`host`), [`HostNeed`] estimates what a step holds in host memory at any batch from

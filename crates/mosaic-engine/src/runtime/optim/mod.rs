@@ -4,7 +4,7 @@
 //! resumed run would not continue as if never stopped. This is the same update as candle-nn's
 //! (decoupled weight decay `θ ← θ(1 − lr·λ)`, bias-corrected moments), with the moments and the
 //! step count exposed. On a GPU the update is one fused kernel per parameter tensor
-//! ([`fused`], the GPU build only); elsewhere it is composed of candle ops.
+//! (`fused`, the GPU build only); elsewhere it is composed of candle ops.
 
 use std::sync::Mutex;
 
