@@ -97,6 +97,8 @@
 //! }
 //! ```
 
+#![warn(missing_docs)]
+
 mod common;
 mod data;
 mod pipeline;

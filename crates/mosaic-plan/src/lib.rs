@@ -30,6 +30,8 @@
 //! assert_eq!(plan.iteration_ms, 200.0);
 //! ```
 
+#![warn(missing_docs)]
+
 mod bound;
 mod cache;
 mod candidates;

@@ -45,6 +45,8 @@
 //! assert_eq!(model.modules[0].options[0].time_ms, 800.0);
 //! ```
 
+#![warn(missing_docs)]
+
 mod colocations;
 mod error;
 mod format;
