@@ -29,6 +29,8 @@
 //! gradient synchronisation in the simulator (stages and ranks exchange activations and
 //! gradients for free), and memory limits beyond what the 1F1B orders imply.
 
+#![warn(missing_docs)]
+
 pub mod packing;
 pub mod partition;
 pub mod pipeline;

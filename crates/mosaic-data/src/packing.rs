@@ -16,12 +16,19 @@ pub enum PackError {
     ZeroCapacity,
     /// The residual-indexed segment tree would be too large.
     #[error("microbatch capacity {capacity} exceeds the supported maximum {MAX_CAPACITY}")]
-    CapacityTooLarge { capacity: u32 },
+    CapacityTooLarge {
+        /// The capacity asked for, in tokens ([`crate::policy::auto_capacity`]: the top of its
+        /// search, `u32::MAX` if beyond a `u32`).
+        capacity: u32,
+    },
     /// Sequence `index` fits in no microbatch (FlowTrain does not split sequences).
     #[error("sequence {index} has {length} tokens, more than the capacity {capacity}")]
     TooLong {
+        /// The sequence's 0-based index in `lengths`.
         index: usize,
+        /// The sequence's length, in tokens.
         length: u32,
+        /// The microbatch capacity, in tokens.
         capacity: u32,
     },
 }

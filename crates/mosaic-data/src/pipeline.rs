@@ -48,13 +48,22 @@ pub fn one_f_one_b(fwd: &[Vec<f64>], bwd: &[Vec<f64>]) -> Schedule {
 pub enum PipelineError {
     /// `fwd` and `bwd` list different numbers of stages.
     #[error("forward times have {fwd} stages but backward times have {bwd}")]
-    StageCount { fwd: usize, bwd: usize },
+    StageCount {
+        /// The stages in the forward times.
+        fwd: usize,
+        /// The stages in the backward times.
+        bwd: usize,
+    },
     /// A stage's row of times is not as long as stage 0's forward row.
     #[error("stage {stage} has {got} {pass} times, expected {expected} (one per microbatch)")]
     Ragged {
+        /// The times the row holds: `"forward"` or `"backward"`.
         pass: &'static str,
+        /// The stage, 0-based.
         stage: usize,
+        /// The times in its row.
         got: usize,
+        /// The times in stage 0's forward row: the number of microbatches.
         expected: usize,
     },
     /// Every stage holds at least one model chunk.
@@ -66,8 +75,11 @@ pub enum PipelineError {
          multiple of the {stages} pipeline stages (Megatron-LM's rule), got {microbatches}"
     )]
     NotMultiple {
+        /// The number of microbatches, `m`.
         microbatches: usize,
+        /// The number of pipeline stages, `p`.
         stages: usize,
+        /// The model chunks per stage.
         chunks: usize,
     },
     /// A time is NaN, infinite or negative.
@@ -76,9 +88,13 @@ pub enum PipelineError {
          finite and non-negative"
     )]
     BadTime {
+        /// The pass the time belongs to: `"forward"` or `"backward"`.
         pass: &'static str,
+        /// The stage, 0-based.
         stage: usize,
+        /// The microbatch, 0-based.
         microbatch: usize,
+        /// The time given (NaN, infinite or negative).
         value: f64,
     },
     /// The operation orders waited on each other (never expected: a bug if seen).

@@ -98,12 +98,18 @@ pub enum DataError {
     Pipeline(#[from] PipelineError),
     /// A layout count or [`Params::buckets`] is 0.
     #[error("{what} must be at least 1")]
-    Zero { what: &'static str },
+    Zero {
+        /// The count that is 0, by name (`"dp"`, `"params.buckets"`, …).
+        what: &'static str,
+    },
     /// A layout product above its documented limit.
     #[error("{what} is {value}, above the supported maximum {limit}")]
     TooLarge {
+        /// The product, written as a formula of the layout counts (`"pp × vpp"`, …).
         what: &'static str,
+        /// Its value (`usize::MAX` when it overflows).
         value: usize,
+        /// The most it may be.
         limit: usize,
     },
     /// Interleaved 1F1B needs each rank's microbatch count to be a multiple of `pp`.
@@ -112,8 +118,11 @@ pub enum DataError {
          of pp {pp}; each rank has {microbatches}"
     )]
     NotMultiple {
+        /// The microbatches per rank.
         microbatches: usize,
+        /// The pipeline stages per rank.
         pp: usize,
+        /// The model chunks per stage.
         vpp: usize,
     },
     /// FlowTrain with virtual pipeline stages: its packing and bucketed zig-zag give ranks
@@ -125,22 +134,43 @@ pub enum DataError {
          packing gives the ranks uneven microbatch counts, and interleaved 1F1B needs every \
          rank's count to be a multiple of pp"
     )]
-    FlowTrainInterleaved { vpp: usize },
+    FlowTrainInterleaved {
+        /// The model chunks per stage asked for (more than 1).
+        vpp: usize,
+    },
     /// `alpha` or `beta` is negative or not finite.
     #[error("params.{name} is {value}; it must be finite and non-negative")]
-    BadParam { name: &'static str, value: f64 },
+    BadParam {
+        /// The parameter: `"alpha"` or `"beta"`.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
     /// The stage weights do not list one weight per pipeline stage.
     #[error("{got} stage weights for {pp} pipeline stages")]
-    WeightCount { got: usize, pp: usize },
+    WeightCount {
+        /// The stage weights given.
+        got: usize,
+        /// The pipeline stages per rank.
+        pp: usize,
+    },
     /// A stage weight is negative or not finite.
     #[error("stage weight {stage} is {value}; weights must be finite and non-negative")]
-    BadWeight { stage: usize, value: f64 },
+    BadWeight {
+        /// The stage, 0-based.
+        stage: usize,
+        /// Its weight.
+        value: f64,
+    },
     /// Every stage weight is 0.
     #[error("the stage weights sum to 0; at least one must be positive")]
     ZeroWeights,
     /// The stage weights are finite but their sum overflows.
     #[error("the stage weights sum to {sum}; the sum must be finite")]
-    WeightSum { sum: f64 },
+    WeightSum {
+        /// The sum, which overflowed to infinity.
+        sum: f64,
+    },
 }
 
 /// How one policy fared on one global batch.

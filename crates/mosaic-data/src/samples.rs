@@ -126,52 +126,82 @@ impl Sample {
 pub enum SamplesError {
     /// The file could not be read (missing, not a regular file, too large, not UTF-8).
     #[error("{file}: {message}")]
-    Read { file: String, message: String },
+    Read {
+        /// The file's path.
+        file: String,
+        /// Why it could not be read.
+        message: String,
+    },
     /// A line is not valid JSON.
     #[error("{file}, line {line}, column {column}: not valid JSON: {message}")]
     Json {
+        /// The file (as named to [`parse_jsonl`]).
         file: String,
+        /// The line, 1-based.
         line: usize,
+        /// The column in that line where the JSON parser stopped, 1-based.
         column: usize,
+        /// The JSON parser's message, without its position.
         message: String,
     },
     /// A line is JSON but not an object.
     #[error("{file}, line {line}: expected a JSON object such as {{\"text_tokens\": 312}}, found {found}")]
     NotObject {
+        /// The file (as named to [`parse_jsonl`]).
         file: String,
+        /// The line, 1-based.
         line: usize,
+        /// A short description of the value found instead.
         found: String,
     },
     /// A field that samples do not have.
     #[error("{file}, line {line}: unknown field `{field}`; expected text_tokens, images or audio_seconds")]
     UnknownField {
+        /// The file (as named to [`parse_jsonl`]).
         file: String,
+        /// The line, 1-based.
         line: usize,
+        /// The field's name (at most its first 80 characters).
         field: String,
     },
     /// A field given twice on one line.
     #[error("{file}, line {line}: field `{field}` is given twice")]
     DuplicateField {
+        /// The file (as named to [`parse_jsonl`]).
         file: String,
+        /// The line, 1-based.
         line: usize,
+        /// The field's name.
         field: String,
     },
     /// A field whose value is of the wrong kind or out of range.
     #[error("{file}, line {line}: field `{field}`: expected {expected}, found {found}")]
     Field {
+        /// The file (as named to [`parse_jsonl`]).
         file: String,
+        /// The line, 1-based.
         line: usize,
         /// The field, with a path into it (`images[2][1]`).
         field: String,
+        /// What the field must hold, in words.
         expected: String,
+        /// A short description of the value found.
         found: String,
     },
     /// More than [`MAX_SAMPLES`] samples.
     #[error("{file}, line {line}: more than {MAX_SAMPLES} samples")]
-    TooMany { file: String, line: usize },
+    TooMany {
+        /// The file (as named to [`parse_jsonl`]).
+        file: String,
+        /// The line of the first sample over the limit, 1-based.
+        line: usize,
+    },
     /// Not one sample.
     #[error("{file}: no samples (every line is blank); expected one JSON object per line")]
-    Empty { file: String },
+    Empty {
+        /// The file (as named to [`parse_jsonl`]).
+        file: String,
+    },
     /// A sample with more tokens than a microbatch can hold.
     #[error(
         "{}sample {index} has {tokens} tokens (text, image patches and audio together); \
@@ -181,9 +211,13 @@ pub enum SamplesError {
     TooManyTokens {
         /// The sample's file (empty for samples made in code).
         file: String,
+        /// The sample's 0-based index in the samples given.
         index: usize,
+        /// The sample's line, 1-based (0 for samples made in code).
         line: usize,
+        /// The sample's total tokens.
         tokens: u64,
+        /// The most tokens a sample may have: [`crate::packing::MAX_CAPACITY`].
         limit: u32,
     },
     /// A sample of no tokens at all (no text, images or audio).
@@ -195,14 +229,19 @@ pub enum SamplesError {
     NoTokens {
         /// The sample's file (empty for samples made in code).
         file: String,
+        /// The sample's 0-based index in the samples given.
         index: usize,
+        /// The sample's line, 1-based (0 for samples made in code).
         line: usize,
     },
     /// A tokenizer setting out of range.
     #[error("tokenizer {field} is {value}; expected {expected}")]
     BadTokenizer {
+        /// The setting: `"patch"` or `"audio_tokens_per_second"`.
         field: &'static str,
+        /// Its value, as text.
         value: String,
+        /// What it must be, in words.
         expected: &'static str,
     },
 }

@@ -23,14 +23,28 @@ pub const IMAGE_CONTINUE: f64 = 0.5;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Distribution {
     /// Log-normal lengths, `median · exp(sigma · N(0, 1))`: text (DistTrain Fig. 5(a)).
-    LogNormal { median: f64, sigma: f64, max: u32 },
+    LogNormal {
+        /// The median length, in tokens.
+        median: f64,
+        /// The spread: the standard deviation of the natural log of the length.
+        sigma: f64,
+        /// The largest count, in tokens; longer draws are clamped to it (0 is read as 1).
+        max: u32,
+    },
     /// A log-normal text plus a geometric number of images of `image_tokens` each (another
     /// image with chance `image_continue`): interleaved samples (DistTrain Fig. 5(a)–(c)).
     Interleaved {
+        /// The median text length, in tokens.
         text_median: f64,
+        /// The spread of text lengths: the standard deviation of their natural log.
         text_sigma: f64,
+        /// The tokens of one image.
         image_tokens: u32,
+        /// The chance, from 0 to 1, of one more image: images are added while a draw with
+        /// this chance succeeds.
         image_continue: f64,
+        /// The largest count, in tokens; longer draws are clamped to it (0 is read as 1), and
+        /// images stop once they alone reach it.
         max: u32,
     },
 }
