@@ -195,10 +195,11 @@ pub(super) fn train_graphed(
 const HALF: usize = 3;
 
 /// A run of `name` on the GPU checkpointed after [`HALF`] steps, as `mosaic train --device cuda
-/// --checkpoint-dir` does, then resumed by a fresh trainer on the GPU: every parameter and AdamW
-/// moment it reads back onto its slots' devices (in place of the tensors the fused AdamW kernel
-/// updates) equal to the run's at the checkpoint, bit for bit, and its next [`HALF`] losses
-/// within `bound` of the run's own (op by op, they differ only by LayerNorm's atomic sums).
+/// --checkpoint-dir` does, then resumed by a fresh trainer on the GPU: the data position and
+/// every parameter, AdamW moment and step count it reads back onto its slots' devices (in place
+/// of the tensors the fused AdamW kernel updates) equal to the run's at the checkpoint, bit for
+/// bit, and its next [`HALF`] losses within `bound` of the run's own (op by op, they differ
+/// only by LayerNorm's atomic sums).
 pub(super) fn resume(ordinal: usize, name: &str, bound: f32) -> Res<(bool, String)> {
     let dir = std::env::temp_dir().join(format!("mosaic-check-gpu-{}", std::process::id()));
     let result = resume_through(ordinal, name, bound, &dir);
