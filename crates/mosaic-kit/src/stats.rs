@@ -60,6 +60,9 @@ pub fn median_high(xs: &[f64]) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
     #[test]
     fn relative_error_is_over_the_references_largest_value() {
         assert_eq!(relative_error(&[1.0, 2.5], &[1.0, 2.0]), 0.25);
@@ -79,9 +82,6 @@ mod tests {
         let bound_met = worst([0.0, f32::NAN]) < 1.0;
         assert!(!bound_met, "a NaN meets no bound");
     }
-
-    use super::*;
-    use proptest::prelude::*;
 
     #[test]
     fn medians_of_small_samples() {
